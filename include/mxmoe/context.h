@@ -1,0 +1,68 @@
+// The Context owns the backend choice, device facts, the stream and the per-call report.
+#pragma once
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mxmoe/mxfp8_layout.h"
+#include "mxmoe/types.h"
+
+namespace mxmoe {
+
+struct Options {
+  // Force one backend by name ("cpu", "cuda_portable", "cuda_sm90"); empty = best available.
+  // Environment: MXMOE_BACKEND. A forced backend that cannot serve a step is an error naming why.
+  std::string backend;
+  // Never use these backends. Environment: MXMOE_DENY=name[,name...].
+  std::vector<std::string> deny;
+  // Scale layout of the MXFP8 tensors the layer makes internally.
+  ScaleLayout scale_layout = ScaleLayout::compact;
+  // cudaStream_t to run on (nullptr = the legacy default stream). Ignored on the CPU.
+  void* stream = nullptr;
+};
+
+// One dispatch decision: which backend ran a step and why each better one did not.
+struct StepRecord {
+  std::string step;
+  std::string backend;
+  std::vector<std::pair<std::string, std::string>> skipped;  // (backend, reason)
+};
+
+struct BackendInfo {
+  std::string name;
+  bool available = false;
+  std::string reason;  // why not, or what it runs on
+};
+
+namespace detail {
+struct ContextImpl;
+}
+
+class Context {
+ public:
+  explicit Context(Options options = {});
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  const Options& options() const;
+  // Dispatch decisions since the last clear_report(), in call order (repeated steps merged).
+  const std::vector<StepRecord>& report() const;
+  void clear_report();
+  // Every registered backend with its availability for data on `device`.
+  std::vector<BackendInfo> backends(Device device) const;
+
+  detail::ContextImpl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<detail::ContextImpl> impl_;
+};
+
+// Library facts for `mxmoe info`.
+const char* version();
+std::string build_options();
+int cuda_device_count();  // 0 without a GPU or without CUDA support compiled in
+std::string cuda_device_description(int index);
+
+}  // namespace mxmoe

@@ -1,0 +1,96 @@
+// The grouped MLP over experts, forward and backward (DESIGN.md "The computation").
+//
+//   C = X W1_e^T (+ b1_e)    A = act(C) * p    Y = A W2_e^T (+ b2_e or p * b2_e)
+//
+// Lifetimes: forward() references the caller's x, offsets, probs, weights and biases in the
+// returned SavedState (it does not copy them); they must stay alive and unchanged until backward()
+// (and compute_wgrad(), when deferred) has run, exactly as autograd would keep them.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "mxmoe/context.h"
+#include "mxmoe/groups.h"
+#include "mxmoe/ops.h"
+#include "mxmoe/problem.h"
+#include "mxmoe/tensor.h"
+
+namespace mxmoe {
+
+struct ForwardArgs {
+  TensorView x;          // bf16 [T, H]
+  GroupOffsets offsets;  // i32 [E+1]
+  TensorView probs;      // f32 [T]
+  ExpertMatrices w1;     // bf16 [E, 2F, H]
+  TensorView b1;         // bf16 [E, 2F] when problem.fc1_bias
+  ExpertMatrices w2;     // bf16 [E, H, F]
+  TensorView b2;         // bf16 [E, H] when problem.fc2_bias
+  TensorView y;          // out: bf16 [T, H]
+};
+
+// Weight- and bias-gradient outputs. dtype f32: D = grad + (accumulate ? D : 0) (main-grad
+// buffers); dtype bf16: D = grad, accumulate must be false. Empty experts: zeros or untouched.
+struct WeightGrads {
+  ExpertMatrices dw1;  // [E, 2F, H]
+  ExpertMatrices dw2;  // [E, H, F]
+  TensorView db1;      // [E, 2F] when problem.fc1_bias (same dtype as the weight grads)
+  TensorView db2;      // [E, H] when problem.fc2_bias
+  bool accumulate = false;
+};
+
+enum class WgradMode : uint8_t { now, deferred };
+
+struct BackwardArgs {
+  TensorView dy;      // bf16 [T, H]
+  TensorView dx;      // out: bf16 [T, H]
+  TensorView dprobs;  // out: f32 [T]
+  WeightGrads grads;  // dW written now, or by compute_wgrad() when deferred; db always now
+  WgradMode wgrad = WgradMode::now;
+};
+
+namespace detail {
+struct SavedImpl;
+struct WgradImpl;
+}
+
+// What forward keeps for backward (NUMERICS A.12), owned by the library.
+class SavedState {
+ public:
+  SavedState();
+  explicit SavedState(std::unique_ptr<detail::SavedImpl> impl);
+  SavedState(SavedState&&) noexcept;
+  SavedState& operator=(SavedState&&) noexcept;
+  ~SavedState();
+  int64_t bytes() const;  // device (or host) bytes the library holds for backward
+  bool valid() const { return impl_ != nullptr; }
+  detail::SavedImpl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<detail::SavedImpl> impl_;
+};
+
+// Operands a deferred weight-gradient call needs (col-wise X, dC, A and dY, or their BF16 copies).
+class WgradState {
+ public:
+  WgradState();
+  explicit WgradState(std::unique_ptr<detail::WgradImpl> impl);
+  WgradState(WgradState&&) noexcept;
+  WgradState& operator=(WgradState&&) noexcept;
+  ~WgradState();
+  int64_t bytes() const;
+  bool pending() const { return impl_ != nullptr; }
+  detail::WgradImpl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<detail::WgradImpl> impl_;
+};
+
+SavedState forward(Context& ctx, const Problem& problem, const ForwardArgs& args);
+
+// Consumes `saved`. With WgradMode::deferred, returns the operands for compute_wgrad().
+WgradState backward(Context& ctx, SavedState& saved, const BackwardArgs& args);
+
+// Computes dW1 and dW2 from a deferred backward into `grads` (db are not touched here).
+void compute_wgrad(Context& ctx, WgradState& state, const WeightGrads& grads);
+
+}  // namespace mxmoe

@@ -1,0 +1,50 @@
+// The grouped-MLP problem description (DESIGN.md, NUMERICS.md A.6-A.7).
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace mxmoe {
+
+enum class Activation : uint8_t { swiglu, clamped_swiglu };
+enum class GluLayout : uint8_t { halves, interleave32 };
+enum class Recipe : uint8_t { bf16, mxfp8 };
+enum class WeightLayout : uint8_t { dense, per_expert };
+
+// GPT-OSS clamped SwiGLU: h = p * min(a,L) * sigmoid(alpha*min(a,L)) * (clamp(b,-L,L) + offset).
+struct ClampedSwiglu {
+  float limit = 7.0f;
+  float alpha = 1.702f;
+  float linear_offset = 1.0f;
+};
+
+struct Problem {
+  int64_t hidden = 0;   // H: FC1 input / FC2 output features
+  int64_t ffn = 0;      // F: FC1 produces 2F (GLU), FC2 consumes F
+  int64_t experts = 0;  // E
+  Activation activation = Activation::swiglu;
+  ClampedSwiglu clamp{};
+  GluLayout glu_layout = GluLayout::halves;
+  bool fc1_bias = false;
+  bool fc2_bias = false;
+  bool scale_fc2_bias = false;  // FC2 adds p_t * b2 instead of b2
+  Recipe recipe = Recipe::mxfp8;
+  WeightLayout weight_layout = WeightLayout::dense;
+};
+
+const char* to_string(Activation a);
+const char* to_string(GluLayout g);
+const char* to_string(Recipe r);
+const char* to_string(WeightLayout w);
+std::string describe(const Problem& p);
+
+// Throws mxmoe::Error naming the field when the problem cannot be computed (NUMERICS A.5: H, F
+// multiples of 32 for MXFP8 and of 8 for BF16; interleave32 needs F % 32 == 0; E >= 1).
+void validate_problem(const Problem& p);
+
+// FLOPs of one forward (6 T H F) and one backward with wgrad (12 T H F).
+inline double forward_flops(const Problem& p, int64_t tokens) {
+  return 6.0 * static_cast<double>(tokens) * static_cast<double>(p.hidden) * static_cast<double>(p.ffn);
+}
+inline double backward_flops(const Problem& p, int64_t tokens) { return 2.0 * forward_flops(p, tokens); }
+
+}  // namespace mxmoe

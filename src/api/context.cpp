@@ -1,0 +1,77 @@
+#include <cstdlib>
+#include <sstream>
+
+#include "src/api/context_impl.h"
+#include "src/dispatch/backend.h"
+
+namespace mxmoe {
+
+namespace {
+std::vector<std::string> split_list(const char* s) {
+  std::vector<std::string> out;
+  if (!s) return out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+}  // namespace
+
+namespace detail {
+void ContextImpl::record(StepRecord r) {
+  for (const StepRecord& old : report)
+    if (old.step == r.step && old.backend == r.backend && old.skipped == r.skipped) return;
+  report.push_back(std::move(r));
+}
+}  // namespace detail
+
+Context::Context(Options options) : impl_(std::make_unique<detail::ContextImpl>()) {
+  // Environment overrides fill what the caller left unset; unknown names are an error now,
+  // not a surprise at the first step.
+  if (options.backend.empty())
+    if (const char* env = std::getenv("MXMOE_BACKEND")) options.backend = env;
+  for (const std::string& d : split_list(std::getenv("MXMOE_DENY"))) options.deny.push_back(d);
+  if (!options.backend.empty() && !detail::find_backend(options.backend))
+    throw Error("options.backend", "unknown backend '" + options.backend + "' (known: cpu, cuda_portable, cuda_sm90)");
+  for (const std::string& d : options.deny)
+    if (!detail::find_backend(d))
+      throw Error("options.deny", "unknown backend '" + d + "' (known: cpu, cuda_portable, cuda_sm90)");
+  impl_->options = std::move(options);
+}
+
+Context::~Context() = default;
+const Options& Context::options() const { return impl_->options; }
+const std::vector<StepRecord>& Context::report() const { return impl_->report; }
+void Context::clear_report() { impl_->report.clear(); }
+
+std::vector<BackendInfo> Context::backends(Device device) const {
+  std::vector<BackendInfo> out;
+  for (detail::Backend* b : detail::backends()) {
+    detail::Probe p = b->probe_device(device);
+    bool denied = false;
+    for (const std::string& d : impl_->options.deny) denied |= d == b->name();
+    if (denied) p = {false, "denied by options/MXMOE_DENY"};
+    out.push_back({b->name(), p.available, p.reason});
+  }
+  return out;
+}
+
+const char* version() { return MXMOE_VERSION; }
+
+std::string build_options() {
+  std::string s = "c++20, openmp";
+#if defined(MXMOE_WITH_CUDA)
+  s += std::string(", cuda (archs ") + MXMOE_CUDA_ARCHS + ")";
+#else
+  s += ", cuda: not built";
+#endif
+#if defined(NDEBUG)
+  s += ", release";
+#else
+  s += ", debug";
+#endif
+  return s;
+}
+
+}  // namespace mxmoe

@@ -1,0 +1,58 @@
+// What forward keeps for backward and backward keeps for a deferred wgrad; library-owned buffers.
+#pragma once
+#include <initializer_list>
+
+#include "mxmoe/grouped_mlp.h"
+#include "src/dispatch/backend.h"
+
+namespace mxmoe::detail {
+
+struct OwnedTensor {
+  Buffer buf;
+  TensorView view;
+  int64_t bytes() const { return buf.ptr ? buf.bytes : 0; }
+};
+OwnedTensor make_tensor(Device d, void* stream, DType t, std::initializer_list<int64_t> shape);
+
+// MXFP8 [rows, cols] with row-wise scales, or column-wise scales grouped over `experts` groups.
+struct OwnedMxfp8 {
+  Buffer data, scales;
+  Mxfp8View view;
+  int64_t bytes() const { return (data.ptr ? data.bytes : 0) + (scales.ptr ? scales.bytes : 0); }
+};
+OwnedMxfp8 make_mxfp8(Device d, void* stream, int64_t rows, int64_t cols, BlockAxis axis, ScaleLayout layout,
+                      int64_t experts);
+
+// Quantized copy of E weight matrices [rows, cols].
+struct OwnedExpertMxfp8 {
+  Buffer data, scales;
+  ExpertOperand operand;
+};
+
+struct SavedImpl {
+  Problem problem;
+  int64_t tokens = 0;
+  Device device{};
+  ForwardArgs refs;      // caller's inputs, referenced not copied (y unused)
+  OwnedTensor c;         // FC1 output, bf16 [T, 2F]
+  OwnedMxfp8 x_col;      // mxfp8: X column-wise (for dW1)
+  OwnedMxfp8 a_col;      // mxfp8: A column-wise (for dW2)
+  OwnedTensor a_bf16;    // bf16 recipe: A [T, F]
+  bool consumed = false;
+  int64_t bytes() const { return c.bytes() + x_col.bytes() + a_col.bytes() + a_bf16.bytes(); }
+};
+
+struct WgradImpl {
+  Problem problem;
+  int64_t tokens = 0;
+  Device device{};
+  GroupOffsets offsets;
+  TensorView x_bf16, dy_bf16;  // bf16 recipe: caller's x and dy, referenced
+  OwnedMxfp8 x_col, a_col, dy_col, dc_col;
+  OwnedTensor a_bf16, dc_bf16;
+  int64_t bytes() const {
+    return x_col.bytes() + a_col.bytes() + dy_col.bytes() + dc_col.bytes() + a_bf16.bytes() + dc_bf16.bytes();
+  }
+};
+
+}  // namespace mxmoe::detail

@@ -1,0 +1,64 @@
+// Library-owned memory: host memory for the CPU backend, stream-ordered device memory for CUDA
+// (cudaMallocAsync is legal inside CUDA-graph capture, so workspaces never break a captured step).
+#include <cstdlib>
+#include <new>
+
+#include "src/dispatch/backend.h"
+
+#if defined(MXMOE_WITH_CUDA)
+#include <cuda_runtime.h>
+#endif
+
+namespace mxmoe::detail {
+
+namespace {
+constexpr int64_t kHostAlign = 64;
+
+void release(Buffer& b) {
+  if (!b.ptr) return;
+  if (b.device.type == DeviceType::cpu) {
+    std::free(b.ptr);
+  } else {
+#if defined(MXMOE_WITH_CUDA)
+    cudaFreeAsync(b.ptr, static_cast<cudaStream_t>(b.stream));  // destructor: no throw
+#endif
+  }
+  b.ptr = nullptr;
+}
+}  // namespace
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    release(*this);
+    ptr = o.ptr;
+    bytes = o.bytes;
+    device = o.device;
+    stream = o.stream;
+    o.ptr = nullptr;
+    o.bytes = 0;
+  }
+  return *this;
+}
+
+Buffer::~Buffer() { release(*this); }
+
+Buffer allocate(Device device, int64_t bytes, void* stream) {
+  const int64_t n = bytes > 0 ? bytes : 1;
+  if (device.type == DeviceType::cpu) {
+    void* p = std::aligned_alloc(kHostAlign, static_cast<size_t>((n + kHostAlign - 1) / kHostAlign * kHostAlign));
+    if (!p) throw Error("memory", "host allocation of " + std::to_string(bytes) + " bytes failed");
+    return Buffer(p, bytes, device, stream);
+  }
+#if defined(MXMOE_WITH_CUDA)
+  void* p = nullptr;
+  const cudaError_t err = cudaMallocAsync(&p, static_cast<size_t>(n), static_cast<cudaStream_t>(stream));
+  if (err != cudaSuccess)
+    throw Error("memory", "device allocation of " + std::to_string(bytes) + " bytes on " + device_name(device) +
+                              " failed: " + cudaGetErrorString(err));
+  return Buffer(p, bytes, device, stream);
+#else
+  throw Error("device", "cannot allocate on " + device_name(device) + ": mxmoe was built without CUDA");
+#endif
+}
+
+}  // namespace mxmoe::detail

@@ -1,0 +1,30 @@
+// The CPU reference backend: always available for host data; the oracle of every test.
+#include "src/cpu/cpu_ops.h"
+
+namespace mxmoe::detail {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  const char* name() const override { return "cpu"; }
+  Probe probe_device(Device d) const override {
+    if (d.type != DeviceType::cpu) return {false, "data is on " + device_name(d) + ", not host memory"};
+    return {true, "reference backend (OpenMP, fp32 accumulation)"};
+  }
+  Probe probe(const StepQuery&) const override { return {true, ""}; }
+  void quantize(Context&, const QuantizeArgs& a) override { cpu::quantize(a); }
+  void dequantize(Context&, const DequantizeArgs& a) override { cpu::dequantize(a); }
+  void quantize_experts(Context&, const QuantizeExpertsStep& s) override { cpu::quantize_experts(s); }
+  void gemm_m(Context&, const MGemmStep& s) override { cpu::gemm_m(s); }
+  void gemm_k(Context&, const KGroupedGemmArgs& a) override { cpu::gemm_k(a); }
+  void fc2_bias_grads(Context&, const Fc2BiasGradStep& s) override { cpu::fc2_bias_grads(s); }
+};
+
+}  // namespace
+
+Backend* cpu_backend() {
+  static CpuBackend b;
+  return &b;
+}
+
+}  // namespace mxmoe::detail

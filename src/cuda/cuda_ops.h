@@ -1,0 +1,20 @@
+// Device-side steps shared by the CUDA backends. Every function enqueues on `stream`, never
+// synchronises the host and never reads group offsets on the host.
+#pragma once
+#include "src/dispatch/backend.h"
+
+namespace mxmoe::cuda {
+
+// src/cuda/quant/: MXFP8 quantize (row-wise and column-wise in one pass), dequantize, weights.
+void quantize(const QuantizeArgs& a, void* stream);
+void dequantize(const DequantizeArgs& a, void* stream);
+void quantize_experts(const detail::QuantizeExpertsStep& s, void* stream);
+
+namespace portable {
+// src/cuda/portable/: mma.sync grouped GEMMs for any GPU from sm_80.
+void gemm_m(const detail::MGemmStep& s, void* stream);
+void gemm_k(const KGroupedGemmArgs& a, void* stream);
+void fc2_bias_grads(const detail::Fc2BiasGradStep& s, void* stream);
+}  // namespace portable
+
+}  // namespace mxmoe::cuda

@@ -1,0 +1,145 @@
+// The step interface every backend implements, and the dispatch that picks one per step.
+// A backend that cannot serve a step says so through probe() with a reason; it never throws from a
+// lookup. The next backend in the chain then runs, and the report records why (DESIGN.md layer 2).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mxmoe/context.h"
+#include "mxmoe/grouped_mlp.h"
+#include "mxmoe/ops.h"
+#include "src/common/glu.h"
+
+namespace mxmoe::detail {
+
+enum class Step : uint8_t {
+  quantize,          // MXFP8 quantize of an activation-like [M, K] tensor
+  dequantize,
+  quantize_experts,  // MXFP8 quantize of E weight matrices (dense or per-expert pointers)
+  gemm_m,            // m-grouped GEMM with an epilogue (fprop, dgrad)
+  gemm_k,            // k-grouped GEMM (wgrad)
+  fc2_bias_grads,    // db2 and the scale_fc2_bias dprob term
+};
+const char* to_string(Step s);
+
+// What a probe needs to know about a call.
+struct StepQuery {
+  Step step;
+  Device device;          // where the data lives
+  Recipe recipe = Recipe::bf16;
+  int64_t n = 0, k = 0;   // GEMM N and K (0 where not a GEMM)
+};
+
+struct Probe {
+  bool available = false;
+  std::string reason;
+};
+
+// Output of a gradient: dtype f32 (dst = v + (accumulate ? dst : 0)) or bf16 (dst = v).
+struct GradOut {
+  TensorView dst;
+  bool accumulate = false;
+};
+
+enum class Epilogue : uint8_t {
+  store,         // D = acc (+ bias_e, or p_t * bias_e when bias_scale_by_probs)
+  glu_forward,   // C = acc (+ b1_e) -> bf16; A = act(C) * p -> bf16 or MXFP8 row + col
+  glu_backward,  // dA = acc; dC = act'(C, dA * p) -> bf16 or MXFP8 row + col; dprob; db1
+};
+
+// One m-grouped GEMM with its epilogue. For glu epilogues N = F (backward) or 2F (forward) is the
+// GEMM width; `c` is FC1's pre-activation output [T, 2F] bf16 (written by glu_forward, read by
+// glu_backward); `out_*` receive A (forward) or dC (backward) in the recipe's format (MXFP8:
+// row-wise and column-wise, column blocks restarting per group, layouts as given in the views).
+struct MGemmStep {
+  MGroupedGemmArgs gemm;  // gemm.d: the store epilogue's output; unused by glu epilogues
+  Epilogue epilogue = Epilogue::store;
+  bool bias_scale_by_probs = false;  // store: add p_t * bias_e (scale_fc2_bias)
+  TensorView probs;                  // f32 [T]
+  GluParams glu{};
+  GluLayout glu_layout = GluLayout::halves;
+  int64_t ffn = 0;                   // F
+  TensorView c;                      // bf16 [T, 2F]
+  TensorView out_bf16;               // bf16 [T, F] (A) or [T, 2F] (dC)
+  Mxfp8View out_row, out_col;        // MXFP8 A or dC
+  TensorView dprobs;                 // glu_backward: f32 [T] = rowsum(dA * act(C)) + dprob_add
+  TensorView dprob_add;              // optional f32 [T]
+  GradOut db1;                       // glu_backward: db1_e = sum over the group's rows of fp32 dC
+};
+
+// E weight matrices [rows, cols] (bf16, dense or per-expert) -> dense e4m3 [E, rows, cols] with
+// scales [E, bytes] along `axis` (row: rowwise_scale_bytes(rows, cols) per expert; col:
+// colwise_matrix_scale_bytes(rows, cols) per expert).
+struct QuantizeExpertsStep {
+  ExpertMatrices src;
+  int64_t experts = 0, rows = 0, cols = 0;
+  TensorView data;    // e4m3 [E, rows, cols]
+  TensorView scales;  // e8m0 [E, bytes]
+  BlockAxis axis = BlockAxis::row;
+  ScaleLayout layout = ScaleLayout::compact;
+};
+
+// db2_e = sum_{t in e} (scale_by_probs ? p_t : 1) * dY_t;  dprob_add_t = dY_t . b2_{e(t)} when
+// scale_by_probs (else not written).
+struct Fc2BiasGradStep {
+  TensorView dy;       // bf16 [T, H]
+  GroupOffsets offsets;
+  TensorView probs;    // f32 [T]
+  TensorView b2;       // bf16 [E, H]
+  bool scale_by_probs = false;
+  GradOut db2;         // [E, H]
+  TensorView dprob_add;  // f32 [T]
+};
+
+// Memory a backend hands out for its device (host memory for the CPU backend; stream-ordered
+// device memory for CUDA, which is legal inside CUDA-graph capture).
+struct Buffer {
+  Buffer() = default;
+  Buffer(void* p, int64_t n, Device d, void* stream) : ptr(p), bytes(n), device(d), stream(stream) {}
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer();
+  void* ptr = nullptr;
+  int64_t bytes = 0;
+  Device device{};
+  void* stream = nullptr;
+};
+Buffer allocate(Device device, int64_t bytes, void* stream);
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  // Can this backend run on `device` at all (hardware, build)? Reason either way.
+  virtual Probe probe_device(Device device) const = 0;
+  // Can it run this particular step? Called only when probe_device() said yes.
+  virtual Probe probe(const StepQuery& q) const = 0;
+
+  virtual void quantize(Context& ctx, const QuantizeArgs& a) = 0;
+  virtual void dequantize(Context& ctx, const DequantizeArgs& a) = 0;
+  virtual void quantize_experts(Context& ctx, const QuantizeExpertsStep& s) = 0;
+  virtual void gemm_m(Context& ctx, const MGemmStep& s) = 0;
+  virtual void gemm_k(Context& ctx, const KGroupedGemmArgs& a) = 0;
+  virtual void fc2_bias_grads(Context& ctx, const Fc2BiasGradStep& s) = 0;
+};
+
+// Registry: backends in preference order (fastest first; cpu last).
+const std::vector<Backend*>& backends();
+void register_backend(Backend* b);
+Backend* find_backend(const std::string& name);
+
+// Picks the backend for a step, honouring force/deny options, records the decision in the
+// context's report, and throws mxmoe::Error only when no backend can serve the step.
+Backend& select(Context& ctx, const StepQuery& q);
+// Same, recorded under `label` (e.g. "fc1_fprop") instead of the generic step name.
+Backend& select(Context& ctx, const StepQuery& q, const std::string& label);
+
+// Backend factories (defined in their own folders; CUDA ones return nullptr without CUDA).
+Backend* cpu_backend();
+Backend* cuda_portable_backend();
+Backend* cuda_sm90_backend();
+
+}  // namespace mxmoe::detail

@@ -1,0 +1,45 @@
+// Without CUDA the GPU backends still exist in the registry, so `mxmoe info` and every report say
+// why they are unavailable instead of silently omitting them.
+#include "src/dispatch/backend.h"
+
+#if !defined(MXMOE_WITH_CUDA)
+namespace mxmoe {
+namespace detail {
+namespace {
+
+class UnbuiltBackend final : public Backend {
+ public:
+  explicit UnbuiltBackend(const char* name) : name_(name) {}
+  const char* name() const override { return name_; }
+  Probe probe_device(Device) const override { return {false, "mxmoe was built without CUDA (nvcc not found)"}; }
+  Probe probe(const StepQuery&) const override { return {false, "mxmoe was built without CUDA"}; }
+  [[noreturn]] void unreachable() const { throw Error("backend", std::string(name_) + " is not built"); }
+  void quantize(Context&, const QuantizeArgs&) override { unreachable(); }
+  void dequantize(Context&, const DequantizeArgs&) override { unreachable(); }
+  void quantize_experts(Context&, const QuantizeExpertsStep&) override { unreachable(); }
+  void gemm_m(Context&, const MGemmStep&) override { unreachable(); }
+  void gemm_k(Context&, const KGroupedGemmArgs&) override { unreachable(); }
+  void fc2_bias_grads(Context&, const Fc2BiasGradStep&) override { unreachable(); }
+
+ private:
+  const char* name_;
+};
+
+}  // namespace
+
+Backend* cuda_portable_backend() {
+  static UnbuiltBackend b("cuda_portable");
+  return &b;
+}
+Backend* cuda_sm90_backend() {
+  static UnbuiltBackend b("cuda_sm90");
+  return &b;
+}
+
+}  // namespace detail
+
+int cuda_device_count() { return 0; }
+std::string cuda_device_description(int) { return "mxmoe was built without CUDA"; }
+
+}  // namespace mxmoe
+#endif

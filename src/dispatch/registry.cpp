@@ -1,0 +1,65 @@
+// Backend registry and per-step selection. Preference order: cuda_sm90, cuda_portable, cpu.
+#include <string>
+
+#include "src/api/context_impl.h"
+#include "src/dispatch/backend.h"
+
+namespace mxmoe::detail {
+
+const char* to_string(Step s) {
+  switch (s) {
+    case Step::quantize: return "quantize";
+    case Step::dequantize: return "dequantize";
+    case Step::quantize_experts: return "quantize_weights";
+    case Step::gemm_m: return "gemm_m";
+    case Step::gemm_k: return "gemm_k";
+    case Step::fc2_bias_grads: return "fc2_bias_grads";
+  }
+  return "?";
+}
+
+const std::vector<Backend*>& backends() {
+  static const std::vector<Backend*> list = [] {
+    std::vector<Backend*> v;
+    for (Backend* b : {cuda_sm90_backend(), cuda_portable_backend(), cpu_backend()})
+      if (b) v.push_back(b);
+    return v;
+  }();
+  return list;
+}
+
+Backend* find_backend(const std::string& name) {
+  for (Backend* b : backends())
+    if (name == b->name()) return b;
+  return nullptr;
+}
+
+Backend& select(Context& ctx, const StepQuery& q, const std::string& label) {
+  const Options& o = ctx.options();
+  StepRecord rec{label.empty() ? to_string(q.step) : label, "", {}};
+  std::string why_not;
+  for (Backend* b : backends()) {
+    const std::string name = b->name();
+    if (!o.backend.empty() && o.backend != name) continue;
+    bool denied = false;
+    for (const std::string& d : o.deny) denied |= d == name;
+    Probe p = denied ? Probe{false, "denied by options/MXMOE_DENY"} : b->probe_device(q.device);
+    if (p.available) p = b->probe(q);
+    if (!p.available) {
+      rec.skipped.emplace_back(name, p.reason);
+      why_not += (why_not.empty() ? "" : "; ") + name + ": " + p.reason;
+      continue;
+    }
+    rec.backend = name;
+    ctx.impl().record(std::move(rec));
+    return *b;
+  }
+  if (!o.backend.empty())
+    throw Error("options.backend", "forced backend '" + o.backend + "' cannot run step " + rec.step + " on " +
+                                       device_name(q.device) + ": " + why_not);
+  throw Error("backend", "no backend can run step " + rec.step + " on " + device_name(q.device) + ": " + why_not);
+}
+
+Backend& select(Context& ctx, const StepQuery& q) { return select(ctx, q, ""); }
+
+}  // namespace mxmoe::detail

@@ -1,0 +1,122 @@
+// The whole layer on the GPU against the CPU reference at the same quantization points
+// (NUMERICS "Tests and tolerances": rel. Frobenius <= 1e-2 for every output), plus exactness
+// properties that must hold on the device: repeated runs, dense vs per-expert, deferred wgrad.
+#include <gtest/gtest.h>
+
+#include "tests/layer_support.h"
+
+namespace mxmoe::test {
+namespace {
+
+constexpr double kSamePointsTol = 1e-2;
+
+struct GpuCase {
+  const char* name;
+  Problem problem;
+  std::vector<int> sizes;
+  float weight_gain = 1.0f;
+};
+
+Problem problem(int64_t H, int64_t F, int64_t E, Recipe r, Activation a, GluLayout g, bool bias) {
+  Problem p;
+  p.hidden = H;
+  p.ffn = F;
+  p.experts = E;
+  p.recipe = r;
+  p.activation = a;
+  p.glu_layout = g;
+  p.fc1_bias = p.fc2_bias = bias;
+  p.scale_fc2_bias = bias;
+  return p;
+}
+
+std::vector<GpuCase> cases() {
+  std::vector<GpuCase> v;
+  for (Recipe r : {Recipe::mxfp8, Recipe::bf16}) {
+    v.push_back({"swiglu_halves", problem(256, 128, 4, r, Activation::swiglu, GluLayout::halves, false), {33, 0, 129, 31}});
+    v.push_back({"clamped_interleave_bias", problem(256, 192, 5, r, Activation::clamped_swiglu, GluLayout::interleave32, true),
+                 {1, 64, 0, 100, 27}, 8.0f});
+    v.push_back({"odd_dims", problem(2880, 1408, 3, r, Activation::swiglu, GluLayout::interleave32, true), {129, 0, 95}});
+    v.push_back({"one_expert", problem(128, 64, 1, r, Activation::swiglu, GluLayout::halves, true), {77}});
+    v.push_back({"all_empty", problem(128, 64, 3, r, Activation::swiglu, GluLayout::halves, true), {0, 0, 0}});
+    v.push_back({"single_token", problem(128, 64, 2, r, Activation::clamped_swiglu, GluLayout::halves, false), {0, 1}});
+  }
+  return v;
+}
+
+void expect_close(const LayerOutputs& gpu, const LayerOutputs& cpu, const Problem& p, const std::string& what) {
+  auto g = outputs_of(gpu, p), c = outputs_of(cpu, p);
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double err = rel_error(g[i].second->view, c[i].second->view);
+    EXPECT_LE(err, kSamePointsTol) << what << ": output " << g[i].first;
+  }
+}
+
+void expect_bit_identical(const LayerOutputs& a, const LayerOutputs& b, const Problem& p, const std::string& what) {
+  auto x = outputs_of(a, p), y = outputs_of(b, p);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_TRUE(bytes_equal(x[i].second->view, y[i].second->view)) << what << ": " << x[i].first;
+}
+
+TEST(GpuLayer, MatchesCpuReferenceAtSameQuantizationPoints) {
+  MXMOE_REQUIRE_GPU();
+  for (const GpuCase& c : cases()) {
+    SCOPED_TRACE(std::string(c.name) + " recipe=" + to_string(c.problem.recipe));
+    LayerData d = make_layer_data(c.problem, c.sizes, c.weight_gain);
+    Context cpu({.backend = "cpu"});
+    Context gpu;
+    LayerOutputs ref = run_layer(cpu, Device{}, d);
+    LayerOutputs out = run_layer(gpu, Device{DeviceType::cuda, 0}, d);
+    expect_close(out, ref, c.problem, c.name);
+    for (const StepRecord& r : out.report) EXPECT_NE(r.backend, "cpu") << r.step;
+  }
+}
+
+TEST(GpuLayer, RepeatedRunsAreBitIdentical) {
+  MXMOE_REQUIRE_GPU();
+  Problem p = problem(512, 256, 6, Recipe::mxfp8, Activation::swiglu, GluLayout::halves, true);
+  LayerData d = make_layer_data(p, {100, 0, 300, 1, 64, 200});
+  Context gpu;
+  LayerOutputs a = run_layer(gpu, Device{DeviceType::cuda, 0}, d);
+  LayerOutputs b = run_layer(gpu, Device{DeviceType::cuda, 0}, d);
+  expect_bit_identical(a, b, p, "run 1 vs run 2");
+}
+
+TEST(GpuLayer, DensePerExpertAndDeferredWgradAreBitIdentical) {
+  MXMOE_REQUIRE_GPU();
+  for (Recipe r : {Recipe::mxfp8, Recipe::bf16}) {
+    Problem p = problem(256, 128, 4, r, Activation::clamped_swiglu, GluLayout::interleave32, true);
+    LayerData d = make_layer_data(p, {40, 0, 90, 33}, 4.0f);
+    Context gpu;
+    LayerOutputs dense = run_layer(gpu, Device{DeviceType::cuda, 0}, d);
+    LayerData dp = d;
+    dp.problem.weight_layout = WeightLayout::per_expert;
+    LayerOutputs per = run_layer(gpu, Device{DeviceType::cuda, 0}, dp);
+    expect_bit_identical(dense, per, p, "dense vs per_expert");
+    RunConfig deferred;
+    deferred.deferred_wgrad = true;
+    LayerOutputs later = run_layer(gpu, Device{DeviceType::cuda, 0}, d, deferred);
+    expect_bit_identical(dense, later, p, "now vs deferred");
+  }
+}
+
+TEST(GpuLayer, MainGradAccumulationAddsOnTheDevice) {
+  MXMOE_REQUIRE_GPU();
+  Problem p = problem(256, 128, 3, Recipe::mxfp8, Activation::swiglu, GluLayout::halves, true);
+  LayerData d = make_layer_data(p, {50, 0, 70});
+  Context gpu;
+  LayerOutputs fresh = run_layer(gpu, Device{DeviceType::cuda, 0}, d);
+  RunConfig acc;
+  acc.accumulate = true;
+  acc.grads_in = fresh;  // start from the fresh gradients: accumulate doubles them
+  LayerOutputs twice = run_layer(gpu, Device{DeviceType::cuda, 0}, d, acc);
+  for (auto [name, t] : std::vector<std::pair<const char*, std::pair<const HostTensor*, const HostTensor*>>>{
+           {"dw1", {&fresh.dw1, &twice.dw1}}, {"dw2", {&fresh.dw2, &twice.dw2}}, {"db1", {&fresh.db1, &twice.db1}},
+           {"db2", {&fresh.db2, &twice.db2}}}) {
+    const HostTensor& f = *t.first;
+    const HostTensor& s = *t.second;
+    for (int64_t i = 0; i < f.numel(); ++i) ASSERT_EQ(s.ptr<float>()[i], 2.0f * f.ptr<float>()[i]) << name << "[" << i << "]";
+  }
+}
+
+}  // namespace
+}  // namespace mxmoe::test

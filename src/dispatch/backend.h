@@ -128,7 +128,10 @@ class Backend {
 
 // Registry: backends in preference order (fastest first; cpu last).
 const std::vector<Backend*>& backends();
+// Adds `b` ahead of all others (tests use this to plant a backend that refuses some steps).
+// Not thread-safe with concurrent dispatch; register before use.
 void register_backend(Backend* b);
+void unregister_backend(Backend* b);
 Backend* find_backend(const std::string& name);
 
 // Picks the backend for a step, honouring force/deny options, records the decision in the

@@ -18,8 +18,9 @@ const char* to_string(Step s) {
   return "?";
 }
 
-const std::vector<Backend*>& backends() {
-  static const std::vector<Backend*> list = [] {
+namespace {
+std::vector<Backend*>& registry() {
+  static std::vector<Backend*> list = [] {
     std::vector<Backend*> v;
     for (Backend* b : {cuda_sm90_backend(), cuda_portable_backend(), cpu_backend()})
       if (b) v.push_back(b);
@@ -27,6 +28,13 @@ const std::vector<Backend*>& backends() {
   }();
   return list;
 }
+}  // namespace
+
+const std::vector<Backend*>& backends() { return registry(); }
+
+void register_backend(Backend* b) { registry().insert(registry().begin(), b); }
+
+void unregister_backend(Backend* b) { std::erase(registry(), b); }
 
 Backend* find_backend(const std::string& name) {
   for (Backend* b : backends())

@@ -1,0 +1,234 @@
+// CPU reference MXFP8 quantize / dequantize (NUMERICS A.1, A.3, A.4; B 1.1-1.2).
+//
+// Computes, from bf16 src [M, K] (row-major):
+//   row-wise    e4m3 data [M, K] + one E8M0 scale per 1x32 block along K (rowwise_scale_index);
+//   column-wise e4m3 data [M, K] (not transposed) + one E8M0 scale per 32x1 block along M. Blocks
+//               restart at every group's first row and a group's last block may be partial (its
+//               amax covers only the rows that exist); group e's scale chunk starts at scale row
+//               s_e = sum_{h<e} colwise_group_scale_rows(m_h) (colwise_scale_index).
+// Per block: amax over the bf16 values ignoring NaN, e = e8m0_from_amax(amax),
+//   q = e4m3_from_f32(x * 2^(127-e)); dequantize is x = e4m3(q) * 2^(e-127).
+// Every byte of a scale buffer is written: padding is zero. All paths share quantize_block and
+// dequantize_block; OpenMP splits rows, column blocks or (expert, row) pairs, each written by
+// exactly one thread, so the result does not depend on the thread count.
+// Run: mxmoe_unit_tests --gtest_filter='*Quant*'
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "mxmoe/numerics.h"
+#include "src/common/experts.h"
+#include "src/cpu/cpu_ops.h"
+
+namespace mxmoe::cpu {
+namespace {
+
+// ---- the block routines every path uses: n <= 32 values, element i at offset i * stride ----
+
+uint8_t quantize_block(const uint16_t* src, int64_t stride, int64_t n, uint8_t* dst) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < n; ++i) amax = amax_update(amax, f32_from_bf16(src[i * stride]));
+  const uint8_t e = e8m0_from_amax(amax);
+  const float r = e8m0_encode_multiplier(e);  // a power of two, so x * r is exact
+  for (int64_t i = 0; i < n; ++i) dst[i * stride] = e4m3_from_f32(f32_from_bf16(src[i * stride]) * r);
+  return e;
+}
+
+// Destination of dequantized values: f32 or bf16 (rounded to nearest even).
+struct DequantOut {
+  void* base = nullptr;
+  bool bf16 = false;
+  void put(int64_t idx, float v) const {
+    if (bf16) {
+      static_cast<uint16_t*>(base)[idx] = bf16_from_f32(v);
+    } else {
+      static_cast<float*>(base)[idx] = v;
+    }
+  }
+};
+
+void dequantize_block(const uint8_t* src, int64_t stride, int64_t n, uint8_t e, const DequantOut& out,
+                      int64_t out_idx) {
+  const float s = e8m0_to_f32(e);
+  for (int64_t i = 0; i < n; ++i) out.put(out_idx + i * stride, e4m3_to_f32(src[i * stride]) * s);
+}
+
+// ---- row-wise: one matrix row, K / 32 blocks ----
+
+void quantize_row(const uint16_t* src, uint8_t* dst, int64_t row, int64_t k, uint8_t* scales,
+                  ScaleLayout layout) {
+  for (int64_t kb = 0; kb < k / kMxBlock; ++kb) {
+    scales[rowwise_scale_index(row, kb, k, layout)] =
+        quantize_block(src + kb * kMxBlock, 1, kMxBlock, dst + kb * kMxBlock);
+  }
+}
+
+void check_rowwise(int64_t m, int64_t k, int64_t scale_bytes, const char* what) {
+  if (k % kMxBlock != 0) throw Error(what, "row-wise MXFP8 needs K % 32 == 0, got K=" + std::to_string(k));
+  if (scale_bytes < rowwise_scale_bytes(m, k)) {
+    throw Error(what, "scale buffer has " + std::to_string(scale_bytes) + " bytes, needs " +
+                          std::to_string(rowwise_scale_bytes(m, k)));
+  }
+}
+
+// ---- column-wise: one 32x1 block row (up to 32 rows x all K columns) of one group ----
+
+struct ColBlock {
+  int64_t row;         // first row of the block, relative to the matrix
+  int64_t rows;        // 1..32 (fewer only for a group's last block)
+  int64_t group_rows;  // m of the block's group
+  int64_t chunk_row;   // s_e of the block's group
+  int64_t j;           // block index inside the group
+  int64_t matrix;      // which matrix (quantize_experts: expert index; else 0)
+};
+
+struct Group {
+  int64_t begin, rows;
+};
+
+// Groups from host offsets (clamped to [0, total] and kept monotone), else one group of all rows.
+std::vector<Group> groups_of(const GroupOffsets& g, int64_t total) {
+  if (g.offsets.data == nullptr) return {{0, total}};
+  std::vector<Group> out;
+  const int32_t* off = g.data();
+  int64_t prev = clamp_offset(off[0], total);
+  for (int64_t e = 0; e < g.experts(); ++e) {
+    const int64_t hi = std::max(prev, clamp_offset(off[e + 1], total));
+    out.push_back({prev, hi - prev});
+    prev = hi;
+  }
+  return out;
+}
+
+// Appends the blocks of the groups of one matrix; returns the scale rows they occupy.
+int64_t append_col_blocks(const std::vector<Group>& groups, int64_t matrix, std::vector<ColBlock>& out) {
+  int64_t chunk_row = 0;
+  for (const Group& g : groups) {
+    for (int64_t j = 0; j * kMxBlock < g.rows; ++j) {
+      const int64_t rows = std::min<int64_t>(kMxBlock, g.rows - j * kMxBlock);
+      out.push_back({g.begin + j * kMxBlock, rows, g.rows, chunk_row, j, matrix});
+    }
+    chunk_row += colwise_group_scale_rows(g.rows);
+  }
+  return chunk_row;
+}
+
+void check_colwise(int64_t scale_rows, int64_t k, int64_t scale_bytes, const char* what) {
+  if (scale_bytes < scale_rows * colwise_scale_row_bytes(k)) {
+    throw Error(what, "scale buffer has " + std::to_string(scale_bytes) + " bytes, needs " +
+                          std::to_string(scale_rows * colwise_scale_row_bytes(k)));
+  }
+}
+
+// src and dst point at the matrix's first element; scales at its scale buffer.
+void quantize_col_block(const uint16_t* src, uint8_t* dst, int64_t k, const ColBlock& b, uint8_t* scales,
+                        ScaleLayout layout) {
+  const int64_t first = b.row * k;
+  for (int64_t i = 0; i < k; ++i) {
+    scales[colwise_scale_index(b.chunk_row, b.group_rows, b.j, i, k, layout)] =
+        quantize_block(src + first + i, k, b.rows, dst + first + i);
+  }
+}
+
+}  // namespace
+
+void quantize(const QuantizeArgs& a) {
+  const int64_t m = a.src.size(0), k = a.src.size(1);
+  const auto* src = a.src.ptr<const uint16_t>();
+
+  if (a.rowwise.data.data != nullptr) {
+    const Mxfp8View& out = a.rowwise;
+    check_rowwise(m, k, out.scales.numel(), "rowwise.scales");
+    auto* data = out.data.ptr<uint8_t>();
+    auto* scales = out.scales.ptr<uint8_t>();
+    std::memset(scales, 0, static_cast<size_t>(out.scales.numel()));
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < m; ++r) quantize_row(src + r * k, data + r * k, r, k, scales, out.layout);
+  }
+
+  if (a.colwise.data.data != nullptr) {
+    const Mxfp8View& out = a.colwise;
+    std::vector<ColBlock> blocks;
+    const int64_t scale_rows = append_col_blocks(groups_of(a.groups, m), 0, blocks);
+    check_colwise(scale_rows, k, out.scales.numel(), "colwise.scales");
+    auto* data = out.data.ptr<uint8_t>();
+    auto* scales = out.scales.ptr<uint8_t>();
+    std::memset(scales, 0, static_cast<size_t>(out.scales.numel()));
+    const auto n = static_cast<int64_t>(blocks.size());
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < n; ++b) quantize_col_block(src, data, k, blocks[b], scales, out.layout);
+  }
+}
+
+void dequantize(const DequantizeArgs& a) {
+  const Mxfp8View& in = a.src;
+  const int64_t m = in.data.size(0), k = in.data.size(1);
+  const auto* data = in.data.ptr<const uint8_t>();
+  const auto* scales = in.scales.ptr<const uint8_t>();
+  const DequantOut out{a.dst.data, a.dst.dtype == DType::bf16};
+
+  if (in.axis == BlockAxis::row) {
+    check_rowwise(m, k, in.scales.numel(), "src.scales");
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t kb = 0; kb < k / kMxBlock; ++kb) {
+        const int64_t first = r * k + kb * kMxBlock;
+        dequantize_block(data + first, 1, kMxBlock, scales[rowwise_scale_index(r, kb, k, in.layout)], out,
+                         first);
+      }
+    }
+    return;
+  }
+
+  std::vector<ColBlock> blocks;
+  const int64_t scale_rows = append_col_blocks(groups_of(a.groups, m), 0, blocks);
+  check_colwise(scale_rows, k, in.scales.numel(), "src.scales");
+  const auto n = static_cast<int64_t>(blocks.size());
+#pragma omp parallel for schedule(static)
+  for (int64_t bi = 0; bi < n; ++bi) {
+    const ColBlock& b = blocks[bi];
+    for (int64_t i = 0; i < k; ++i) {
+      const uint8_t e = scales[colwise_scale_index(b.chunk_row, b.group_rows, b.j, i, k, in.layout)];
+      dequantize_block(data + b.row * k + i, k, b.rows, e, out, b.row * k + i);
+    }
+  }
+}
+
+void quantize_experts(const detail::QuantizeExpertsStep& s) {
+  const int64_t rows = s.rows, cols = s.cols, elems = rows * cols;
+  const ExpertPtrs src = expert_ptrs(s.src, elems, sizeof(uint16_t));
+  auto* data = s.data.ptr<uint8_t>();
+  auto* scales = s.scales.ptr<uint8_t>();
+  const int64_t scale_bytes =
+      s.axis == BlockAxis::row ? rowwise_scale_bytes(rows, cols) : colwise_matrix_scale_bytes(rows, cols);
+  if (s.scales.numel() < s.experts * scale_bytes) {
+    throw Error("scales", "buffer has " + std::to_string(s.scales.numel()) + " bytes, needs " +
+                              std::to_string(s.experts * scale_bytes));
+  }
+  std::memset(scales, 0, static_cast<size_t>(s.scales.numel()));
+
+  if (s.axis == BlockAxis::row) {
+    check_rowwise(rows, cols, scale_bytes, "cols");
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t e = 0; e < s.experts; ++e) {
+      for (int64_t r = 0; r < rows; ++r) {
+        quantize_row(src.at<const uint16_t>(e) + r * cols, data + e * elems + r * cols, r, cols,
+                     scales + e * scale_bytes, s.layout);
+      }
+    }
+    return;
+  }
+
+  std::vector<ColBlock> blocks;
+  for (int64_t e = 0; e < s.experts; ++e) append_col_blocks({{0, rows}}, e, blocks);
+  const auto n = static_cast<int64_t>(blocks.size());
+#pragma omp parallel for schedule(static)
+  for (int64_t bi = 0; bi < n; ++bi) {
+    const ColBlock& b = blocks[bi];
+    quantize_col_block(src.at<const uint16_t>(b.matrix), data + b.matrix * elems, cols, b,
+                       scales + b.matrix * scale_bytes, s.layout);
+  }
+}
+
+}  // namespace mxmoe::cpu

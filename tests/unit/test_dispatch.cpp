@@ -1,0 +1,153 @@
+// Dispatch never crashes where a path is missing: an unavailable backend is a reason, the next
+// backend runs, and the report says who ran each step and why the others did not.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "src/cpu/cpu_ops.h"
+#include "tests/layer_support.h"
+
+namespace mxmoe::test {
+namespace {
+
+Problem small_problem(Recipe r) {
+  Problem p;
+  p.hidden = 64;
+  p.ffn = 64;
+  p.experts = 3;
+  p.recipe = r;
+  p.fc1_bias = p.fc2_bias = true;
+  return p;
+}
+
+const StepRecord* find_step(const std::vector<StepRecord>& rep, const std::string& step) {
+  for (const StepRecord& r : rep)
+    if (r.step == step) return &r;
+  return nullptr;
+}
+
+// A "fast" backend whose wgrad kernel is missing: exactly the model system's failure. It serves
+// everything else by delegating to the CPU code so the layer is complete.
+class MissingWgradBackend final : public detail::Backend {
+ public:
+  int gemm_m_calls = 0;
+  const char* name() const override { return "test_fast"; }
+  detail::Probe probe_device(Device d) const override { return {d.type == DeviceType::cpu, "host only"}; }
+  detail::Probe probe(const detail::StepQuery& q) const override {
+    if (q.step == detail::Step::gemm_k) return {false, "grouped wgrad kernel not found for this configuration"};
+    return {true, ""};
+  }
+  void quantize(Context&, const QuantizeArgs& a) override { cpu::quantize(a); }
+  void dequantize(Context&, const DequantizeArgs& a) override { cpu::dequantize(a); }
+  void quantize_experts(Context&, const detail::QuantizeExpertsStep& s) override { cpu::quantize_experts(s); }
+  void gemm_m(Context&, const detail::MGemmStep& s) override {
+    ++gemm_m_calls;
+    cpu::gemm_m(s);
+  }
+  void gemm_k(Context&, const KGroupedGemmArgs&) override { ADD_FAILURE() << "gemm_k must not be called"; }
+  void fc2_bias_grads(Context&, const detail::Fc2BiasGradStep& s) override { cpu::fc2_bias_grads(s); }
+};
+
+TEST(Dispatch, MissingPreferredWgradKernelFallsBackWithoutException) {
+  MissingWgradBackend fast;
+  detail::register_backend(&fast);
+  Problem p = small_problem(Recipe::mxfp8);
+  LayerData d = make_layer_data(p, {10, 0, 23});
+  LayerOutputs out;
+  Context ctx;
+  EXPECT_NO_THROW(out = run_layer(ctx, Device{}, d));
+  detail::unregister_backend(&fast);
+  EXPECT_GT(fast.gemm_m_calls, 0);
+  const StepRecord* w = find_step(out.report, "fc1_wgrad");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->backend, "cpu");
+  bool reason_seen = false;
+  for (auto& [name, why] : w->skipped) reason_seen |= name == "test_fast" && why.find("not found") != std::string::npos;
+  EXPECT_TRUE(reason_seen);
+  EXPECT_EQ(find_step(out.report, "fc1_fprop")->backend, "test_fast");
+  // Same numbers as the plain CPU run: the fallback is a real path, not a different function.
+  Context cpu(Options{.backend = "cpu", .deny = {}});
+  LayerOutputs ref = run_layer(cpu, Device{}, d);
+  EXPECT_TRUE(bytes_equal(out.dw1.view, ref.dw1.view));
+  EXPECT_TRUE(bytes_equal(out.y.view, ref.y.view));
+}
+
+TEST(Dispatch, HostDataRunsOnCpuAndReportsWhyGpuBackendsWereSkipped) {
+  Problem p = small_problem(Recipe::bf16);
+  LayerData d = make_layer_data(p, {5, 6, 7});
+  Context ctx;
+  LayerOutputs out = run_layer(ctx, Device{}, d);
+  ASSERT_FALSE(out.report.empty());
+  for (const StepRecord& r : out.report) {
+    EXPECT_EQ(r.backend, "cpu") << r.step;
+    EXPECT_EQ(r.skipped.size(), 2u) << r.step;  // cuda_sm90 and cuda_portable, each with a reason
+    for (auto& [name, why] : r.skipped) EXPECT_FALSE(why.empty()) << name;
+  }
+}
+
+TEST(Dispatch, ForcingAnUnavailableBackendIsAClearErrorAndWritesNothing) {
+  Problem p = small_problem(Recipe::mxfp8);
+  LayerData d = make_layer_data(p, {5, 6, 7});
+  Context ctx(Options{.backend = "cuda_portable", .deny = {}});
+  try {
+    run_layer(ctx, Device{}, d);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "options.backend");
+    EXPECT_NE(std::string(e.what()).find("cuda_portable"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Dispatch, DenyingEveryUsableBackendNamesTheReasons) {
+  Problem p = small_problem(Recipe::bf16);
+  LayerData d = make_layer_data(p, {5, 6, 7});
+  Context ctx(Options{.backend = "", .deny = {"cpu"}});
+  try {
+    run_layer(ctx, Device{}, d);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("denied"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Dispatch, EnvironmentForcesAndDeniesBackends) {
+  ::setenv("MXMOE_BACKEND", "cpu", 1);
+  {
+    Context ctx;
+    EXPECT_EQ(ctx.options().backend, "cpu");
+  }
+  ::unsetenv("MXMOE_BACKEND");
+  ::setenv("MXMOE_DENY", "cuda_sm90,cuda_portable", 1);
+  {
+    Context ctx;
+    for (const BackendInfo& b : ctx.backends(Device{DeviceType::cuda, 0}))
+      if (b.name != "cpu") {
+        EXPECT_FALSE(b.available);
+        EXPECT_NE(b.reason.find("denied"), std::string::npos);
+      }
+  }
+  ::setenv("MXMOE_DENY", "no_such_backend", 1);
+  EXPECT_THROW(Context{}, Error);
+  ::unsetenv("MXMOE_DENY");
+}
+
+TEST(Dispatch, UnknownBackendNameIsRejected) {
+  try {
+    Context ctx(Options{.backend = "cuda_sm100", .deny = {}});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "options.backend");
+    EXPECT_NE(std::string(e.what()).find("cuda_sm100"), std::string::npos);
+  }
+}
+
+TEST(Dispatch, CpuBackendIsAlwaysAvailableForHostData) {
+  Context ctx;
+  bool cpu = false;
+  for (const BackendInfo& b : ctx.backends(Device{}))
+    if (b.name == "cpu") cpu = b.available;
+  EXPECT_TRUE(cpu);
+}
+
+}  // namespace
+}  // namespace mxmoe::test

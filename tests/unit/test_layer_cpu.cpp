@@ -1,0 +1,234 @@
+// The whole layer on the CPU backend: against the independent unquantized fp64 reference
+// (NUMERICS tolerances), and the exactness properties of the API (weight layouts, deferred wgrad,
+// main-grad accumulation, empty experts).
+#include <gtest/gtest.h>
+
+#include "src/cpu/reference_f64.h"
+#include "tests/layer_support.h"
+
+namespace mxmoe::test {
+namespace {
+
+std::vector<double> to_f64(const HostTensor& t) {
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) v[i] = value_at(t.view, i);
+  return v;
+}
+
+cpu::RefLayerOutputs reference(const LayerData& d) {
+  cpu::RefLayerInputs in;
+  in.problem = d.problem;
+  in.tokens = d.tokens;
+  in.offsets.assign(d.offsets.ptr<int32_t>(), d.offsets.ptr<int32_t>() + d.offsets.numel());
+  in.x = to_f64(d.x);
+  in.probs = to_f64(d.probs);
+  in.w1 = to_f64(d.w1);
+  in.w2 = to_f64(d.w2);
+  if (d.problem.fc1_bias) in.b1 = to_f64(d.b1);
+  if (d.problem.fc2_bias) in.b2 = to_f64(d.b2);
+  in.dy = to_f64(d.dy);
+  return cpu::reference_layer_f64(in);
+}
+
+double rel_error_vs(const HostTensor& out, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    const double a = value_at(out.view, i);
+    if (!std::isfinite(a)) return INFINITY;
+    num += (a - ref[i]) * (a - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+void expect_near_reference(const LayerOutputs& o, const cpu::RefLayerOutputs& r, const Problem& p, double tol) {
+  EXPECT_LE(rel_error_vs(o.y, r.y), tol) << "y";
+  EXPECT_LE(rel_error_vs(o.dx, r.dx), tol) << "dx";
+  EXPECT_LE(rel_error_vs(o.dprobs, r.dprobs), tol) << "dprobs";
+  EXPECT_LE(rel_error_vs(o.dw1, r.dw1), tol) << "dw1";
+  EXPECT_LE(rel_error_vs(o.dw2, r.dw2), tol) << "dw2";
+  if (p.fc1_bias) {
+    EXPECT_LE(rel_error_vs(o.db1, r.db1), tol) << "db1";
+  }
+  if (p.fc2_bias) {
+    EXPECT_LE(rel_error_vs(o.db2, r.db2), tol) << "db2";
+  }
+}
+
+Problem make_problem(Recipe r, Activation a, GluLayout g, bool fc1_bias, bool fc2_bias, bool scale_bias) {
+  Problem p;
+  p.hidden = 128;
+  p.ffn = 96;
+  p.experts = 4;
+  p.recipe = r;
+  p.activation = a;
+  p.glu_layout = g;
+  p.fc1_bias = fc1_bias;
+  p.fc2_bias = fc2_bias;
+  p.scale_fc2_bias = scale_bias;
+  return p;
+}
+
+const std::vector<int> kSizes = {37, 0, 64, 95};
+
+struct Variant {
+  Activation act;
+  GluLayout glu;
+  bool b1, b2, scale;
+};
+const Variant kVariants[] = {
+    {Activation::swiglu, GluLayout::halves, false, false, false},
+    {Activation::swiglu, GluLayout::interleave32, true, true, false},
+    {Activation::swiglu, GluLayout::halves, true, true, true},
+    {Activation::clamped_swiglu, GluLayout::interleave32, false, true, true},
+    {Activation::clamped_swiglu, GluLayout::halves, true, false, false},
+};
+
+TEST(CpuLayer, Bf16RecipeMatchesUnquantizedFp64Reference) {
+  for (const Variant& v : kVariants) {
+    Problem p = make_problem(Recipe::bf16, v.act, v.glu, v.b1, v.b2, v.scale);
+    SCOPED_TRACE(describe(p));
+    // Clamped variants use large weights so FC1 outputs cross the limits.
+    LayerData d = make_layer_data(p, kSizes, v.act == Activation::clamped_swiglu ? 6.0f : 1.0f);
+    Context ctx({.backend = "cpu"});
+    expect_near_reference(run_layer(ctx, Device{}, d), reference(d), p, 2e-2);
+  }
+}
+
+TEST(CpuLayer, Mxfp8RecipeSwigluWithinSanityToleranceOfFp64) {
+  for (const Variant& v : kVariants) {
+    if (v.act != Activation::swiglu) continue;  // clamped: a quantized value may flip a mask (NUMERICS)
+    Problem p = make_problem(Recipe::mxfp8, v.act, v.glu, v.b1, v.b2, v.scale);
+    SCOPED_TRACE(describe(p));
+    LayerData d = make_layer_data(p, kSizes);
+    Context ctx({.backend = "cpu"});
+    expect_near_reference(run_layer(ctx, Device{}, d), reference(d), p, 0.1);
+  }
+}
+
+TEST(CpuLayer, Mxfp8ClampedForwardStaysNearFp64) {
+  Problem p = make_problem(Recipe::mxfp8, Activation::clamped_swiglu, GluLayout::interleave32, true, true, true);
+  LayerData d = make_layer_data(p, kSizes, 6.0f);
+  Context ctx({.backend = "cpu"});
+  LayerOutputs o = run_layer(ctx, Device{}, d);
+  cpu::RefLayerOutputs r = reference(d);
+  EXPECT_LE(rel_error_vs(o.y, r.y), 0.1);
+  EXPECT_LE(rel_error_vs(o.dw2, r.dw2), 0.1);
+  EXPECT_LE(rel_error_vs(o.dx, r.dx), 0.25);
+}
+
+TEST(CpuLayer, DenseAndPerExpertWeightsAreBitIdentical) {
+  for (Recipe r : {Recipe::mxfp8, Recipe::bf16}) {
+    Problem p = make_problem(r, Activation::clamped_swiglu, GluLayout::interleave32, true, true, true);
+    LayerData d = make_layer_data(p, kSizes, 4.0f);
+    Context ctx({.backend = "cpu"});
+    LayerOutputs dense = run_layer(ctx, Device{}, d);
+    d.problem.weight_layout = WeightLayout::per_expert;
+    LayerOutputs per = run_layer(ctx, Device{}, d);
+    for (auto [name, t] : outputs_of(dense, p)) {
+      const HostTensor* other = nullptr;
+      for (auto [n2, t2] : outputs_of(per, p))
+        if (std::string(n2) == name) other = t2;
+      EXPECT_TRUE(bytes_equal(t->view, other->view)) << name << " recipe " << to_string(r);
+    }
+  }
+}
+
+TEST(CpuLayer, DeferredWgradIsBitIdenticalToImmediate) {
+  for (Recipe r : {Recipe::mxfp8, Recipe::bf16}) {
+    Problem p = make_problem(r, Activation::swiglu, GluLayout::halves, true, true, false);
+    LayerData d = make_layer_data(p, kSizes);
+    Context ctx({.backend = "cpu"});
+    LayerOutputs now = run_layer(ctx, Device{}, d);
+    RunConfig cfg;
+    cfg.deferred_wgrad = true;
+    LayerOutputs later = run_layer(ctx, Device{}, d, cfg);
+    EXPECT_TRUE(bytes_equal(now.dw1.view, later.dw1.view));
+    EXPECT_TRUE(bytes_equal(now.dw2.view, later.dw2.view));
+    EXPECT_TRUE(bytes_equal(now.dx.view, later.dx.view));
+  }
+}
+
+TEST(CpuLayer, MainGradBetaOneAddsAndBetaZeroOverwrites) {
+  Problem p = make_problem(Recipe::mxfp8, Activation::swiglu, GluLayout::halves, true, true, false);
+  LayerData d = make_layer_data(p, kSizes);  // expert 1 is empty
+  Context ctx({.backend = "cpu"});
+  LayerOutputs fresh = run_layer(ctx, Device{}, d);  // beta 0 into poisoned buffers
+  LayerOutputs prior = fresh;
+  for (HostTensor* t : {&prior.dw1, &prior.dw2, &prior.db1, &prior.db2}) {
+    HostTensor r = random_f32({t->numel()});
+    std::memcpy(t->bytes.data(), r.bytes.data(), r.bytes.size());
+  }
+  RunConfig acc;
+  acc.accumulate = true;
+  acc.grads_in = prior;
+  LayerOutputs summed = run_layer(ctx, Device{}, d, acc);
+  for (auto [f, pr, s] : {std::tuple{&fresh.dw1, &prior.dw1, &summed.dw1}, std::tuple{&fresh.dw2, &prior.dw2, &summed.dw2},
+                          std::tuple{&fresh.db1, &prior.db1, &summed.db1}, std::tuple{&fresh.db2, &prior.db2, &summed.db2}})
+    for (int64_t i = 0; i < f->numel(); ++i)
+      ASSERT_EQ(s->ptr<float>()[i], pr->ptr<float>()[i] + f->ptr<float>()[i]) << i;
+  // Expert 1 has no tokens: beta 0 wrote zeros, beta 1 left the prior values untouched.
+  const int64_t per1 = 2 * p.ffn * p.hidden;
+  for (int64_t i = per1; i < 2 * per1; ++i) {
+    ASSERT_EQ(fresh.dw1.ptr<float>()[i], 0.0f);
+    ASSERT_EQ(summed.dw1.ptr<float>()[i], prior.dw1.ptr<float>()[i]);
+  }
+  RunConfig overwrite;
+  overwrite.grads_in = prior;  // beta 0 over random content
+  LayerOutputs over = run_layer(ctx, Device{}, d, overwrite);
+  EXPECT_TRUE(bytes_equal(over.dw1.view, fresh.dw1.view));
+  EXPECT_TRUE(bytes_equal(over.db2.view, fresh.db2.view));
+}
+
+TEST(CpuLayer, Bf16WeightGradientsMatchF32Rounded) {
+  Problem p = make_problem(Recipe::bf16, Activation::swiglu, GluLayout::halves, false, false, false);
+  LayerData d = make_layer_data(p, kSizes);
+  Context ctx({.backend = "cpu"});
+  LayerOutputs f32 = run_layer(ctx, Device{}, d);
+  RunConfig cfg;
+  cfg.grad_dtype = DType::bf16;
+  LayerOutputs b16 = run_layer(ctx, Device{}, d, cfg);
+  for (int64_t i = 0; i < f32.dw1.numel(); ++i)
+    ASSERT_EQ(b16.dw1.ptr<uint16_t>()[i], bf16_from_f32(f32.dw1.ptr<float>()[i])) << i;
+}
+
+TEST(CpuLayer, EdgeSplitsRunAndEveryOutputIsWritten) {
+  const std::vector<std::vector<int>> splits = {{0, 0, 0, 0}, {1, 0, 0, 0}, {0, 0, 0, 200}, {1, 1, 1, 1}};
+  for (Recipe r : {Recipe::mxfp8, Recipe::bf16}) {
+    for (const auto& s : splits) {
+      Problem p = make_problem(r, Activation::swiglu, GluLayout::interleave32, true, true, true);
+      LayerData d = make_layer_data(p, s);
+      Context ctx({.backend = "cpu"});
+      LayerOutputs o = run_layer(ctx, Device{}, d);
+      for (auto [name, t] : outputs_of(o, p))
+        for (int64_t i = 0; i < t->numel(); ++i) ASSERT_TRUE(std::isfinite(value_at(t->view, i))) << name << "[" << i << "]";
+      if (d.tokens == 0) {
+        for (int64_t i = 0; i < o.dw1.numel(); ++i) ASSERT_EQ(o.dw1.ptr<float>()[i], 0.0f);
+      }
+      if (d.tokens > 0) {
+        EXPECT_LE(rel_error_vs(o.y, reference(d).y), 0.1);
+      }
+    }
+  }
+}
+
+TEST(CpuLayer, OneExpertProblem) {
+  Problem p = make_problem(Recipe::mxfp8, Activation::swiglu, GluLayout::halves, true, true, false);
+  p.experts = 1;
+  LayerData d = make_layer_data(p, {150});
+  Context ctx({.backend = "cpu"});
+  expect_near_reference(run_layer(ctx, Device{}, d), reference(d), p, 0.1);
+}
+
+TEST(CpuLayer, SavedBytesMatchTheSavedTensors) {
+  Problem p = make_problem(Recipe::mxfp8, Activation::swiglu, GluLayout::halves, false, false, false);
+  LayerData d = make_layer_data(p, kSizes);
+  Context ctx({.backend = "cpu"});
+  LayerOutputs o = run_layer(ctx, Device{}, d);
+  const int64_t T = d.tokens, H = p.hidden, F = p.ffn, E = p.experts;
+  const int64_t expected = T * 2 * F * 2 + T * H + colwise_scale_bytes(T, H, E) + T * F + colwise_scale_bytes(T, F, E);
+  EXPECT_EQ(o.saved_bytes, expected);
+}
+
+}  // namespace
+}  // namespace mxmoe::test

@@ -1,0 +1,226 @@
+// Bad input gets an mxmoe::Error naming the argument and the value, and nothing the caller owns is
+// written (outputs keep their poison).
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "tests/layer_support.h"
+
+namespace mxmoe::test {
+namespace {
+
+struct Fixture {
+  Problem p;
+  LayerData d;
+  Arena m{Device{}, {}};
+  ForwardArgs fa;
+  HostTensor y_poison;
+  TensorView y_buffer;  // the original output, even if a test re-points fa.y
+  Fixture(Recipe r = Recipe::mxfp8) {
+    p.hidden = 64;
+    p.ffn = 32;
+    p.experts = 3;
+    p.recipe = r;
+    p.fc1_bias = true;
+    d = make_layer_data(p, {4, 0, 9});
+    fa.x = m.put(d.x);
+    fa.offsets.offsets = m.put(d.offsets);
+    fa.probs = m.put(d.probs);
+    fa.w1 = m.experts(m.put(d.w1), false);
+    fa.w2 = m.experts(m.put(d.w2), false);
+    fa.b1 = m.put(d.b1);
+    fa.y = m.poisoned(DType::bf16, {d.tokens, p.hidden});
+    y_poison = m.get(fa.y);
+    y_buffer = fa.y;
+  }
+  bool y_untouched() { return bytes_equal(m.get(y_buffer).view, y_poison.view); }
+};
+
+// Runs forward with one corruption and checks the error's argument and message.
+void expect_forward_error(const std::function<void(Fixture&)>& corrupt, const std::string& argument,
+                          const std::string& fragment, Recipe r = Recipe::mxfp8) {
+  Fixture f(r);
+  corrupt(f);
+  Context ctx({.backend = "cpu"});
+  try {
+    forward(ctx, f.p, f.fa);
+    ADD_FAILURE() << "no error for " << argument;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), argument) << e.what();
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(f.y_untouched()) << argument;
+}
+
+TEST(Validation, OffsetsMustStartAtZero) {
+  expect_forward_error([](Fixture& f) { f.fa.offsets.offsets.ptr<int32_t>()[0] = 1; }, "offsets", "offsets[0]=1");
+}
+TEST(Validation, OffsetsMustBeMonotone) {
+  expect_forward_error([](Fixture& f) { f.fa.offsets.offsets.ptr<int32_t>()[2] = 2; }, "offsets", "offsets[2]=2 < offsets[1]=4");
+}
+TEST(Validation, OffsetsMustEndAtTokenCount) {
+  expect_forward_error([](Fixture& f) { f.fa.offsets.offsets.ptr<int32_t>()[3] = 12; }, "offsets", "offsets[3]=12");
+}
+TEST(Validation, OffsetsOverrunIsRejected) {
+  expect_forward_error([](Fixture& f) { f.fa.offsets.offsets.ptr<int32_t>()[3] = 99; }, "offsets", "99");
+}
+TEST(Validation, OffsetsLengthMustBeExpertsPlusOne) {
+  expect_forward_error([](Fixture& f) { f.fa.offsets.offsets.shape[0] = 3; }, "offsets", "[3]");
+}
+TEST(Validation, XDtypeMustBeBf16) {
+  expect_forward_error([](Fixture& f) { f.fa.x.dtype = DType::f32; }, "x", "dtype f32");
+}
+TEST(Validation, XShapeMustBeTokensByHidden) {
+  expect_forward_error([](Fixture& f) { f.fa.x.shape[1] = 32; }, "x", "[13, 32]");
+}
+TEST(Validation, NullInputPointerIsRejected) {
+  expect_forward_error([](Fixture& f) { f.fa.probs.data = nullptr; }, "probs", "null");
+}
+TEST(Validation, ProbsMustBeF32) {
+  expect_forward_error([](Fixture& f) { f.fa.probs.dtype = DType::bf16; }, "probs", "dtype bf16");
+}
+TEST(Validation, WeightShapeIsChecked) {
+  expect_forward_error([](Fixture& f) { f.fa.w1.dense.shape[1] = 32; }, "w1", "must be [3, 64, 64]");
+}
+TEST(Validation, HiddenMustBeMultipleOf32ForMxfp8) {
+  expect_forward_error([](Fixture& f) { f.p.hidden = 48; }, "problem.hidden", "hidden=48");
+}
+TEST(Validation, FfnMustBeMultipleOf8ForBf16) {
+  expect_forward_error([](Fixture& f) { f.p.ffn = 36; }, "problem.ffn", "ffn=36", Recipe::bf16);
+}
+TEST(Validation, BiasMustMatchTheProblem) {
+  expect_forward_error([](Fixture& f) { f.p.fc1_bias = false; }, "b1", "fc1_bias");
+  expect_forward_error([](Fixture& f) { f.p.fc2_bias = true; }, "b2", "dtype");
+}
+TEST(Validation, OutputAliasingAnInputIsRejected) {
+  expect_forward_error([](Fixture& f) { f.fa.y.data = f.fa.x.data; }, "y", "overlaps input x");
+}
+TEST(Validation, MixedDevicesAreRejected) {
+  expect_forward_error([](Fixture& f) { f.fa.probs.device = Device{DeviceType::cuda, 0}; }, "probs", "cuda:0");
+}
+TEST(Validation, MisalignedDevicePointerIsRejectedBeforeAnyAccess) {
+  // Every view claims the GPU; the x pointer is misaligned: the check fires before any dereference.
+  expect_forward_error(
+      [](Fixture& f) {
+        for (TensorView* t : {&f.fa.x, &f.fa.offsets.offsets, &f.fa.probs, &f.fa.w1.dense, &f.fa.w2.dense, &f.fa.b1, &f.fa.y})
+          t->device = Device{DeviceType::cuda, 0};
+        f.fa.x.data = static_cast<char*>(f.fa.x.data) + 2;
+      },
+      "x", "not 16-byte aligned");
+}
+TEST(Validation, WeightLayoutMustMatchTheProblem) {
+  expect_forward_error([](Fixture& f) { f.p.weight_layout = WeightLayout::per_expert; }, "w1", "weight_layout=per_expert");
+}
+TEST(Validation, ScaleFc2BiasNeedsFc2Bias) {
+  expect_forward_error([](Fixture& f) { f.p.scale_fc2_bias = true; }, "problem.scale_fc2_bias", "fc2_bias");
+}
+
+TEST(Validation, BackwardChecksOutputsAndAccumulateDtype) {
+  Fixture f;
+  Context ctx({.backend = "cpu"});
+  SavedState saved = forward(ctx, f.p, f.fa);
+  BackwardArgs ba;
+  ba.dy = f.m.put(f.d.dy);
+  ba.dx = f.m.poisoned(DType::bf16, {f.d.tokens, f.p.hidden});
+  ba.dprobs = f.m.poisoned(DType::f32, {f.d.tokens});
+  ba.grads.dw1 = f.m.experts(f.m.poisoned(DType::bf16, {3, 64, 64}), false);
+  ba.grads.dw2 = f.m.experts(f.m.poisoned(DType::bf16, {3, 64, 32}), false);
+  ba.grads.db1 = f.m.poisoned(DType::f32, {3, 64});
+  ba.grads.accumulate = true;
+  HostTensor dx_before = f.m.get(ba.dx);
+  try {
+    backward(ctx, saved, ba);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "grads.accumulate");
+    EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos);
+  }
+  EXPECT_TRUE(bytes_equal(f.m.get(ba.dx).view, dx_before.view));
+  ba.grads.accumulate = false;
+  ba.dprobs.shape[0] = 5;
+  EXPECT_THROW(backward(ctx, saved, ba), Error);
+  ba.dprobs.shape[0] = f.d.tokens;
+  ba.dx.data = ba.dy.data;
+  try {
+    backward(ctx, saved, ba);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "dx");
+  }
+}
+
+TEST(Validation, SavedStateCannotBeConsumedTwice) {
+  Fixture f;
+  Context ctx({.backend = "cpu"});
+  SavedState saved = forward(ctx, f.p, f.fa);
+  BackwardArgs ba;
+  ba.dy = f.m.put(f.d.dy);
+  ba.dx = f.m.poisoned(DType::bf16, {f.d.tokens, f.p.hidden});
+  ba.dprobs = f.m.poisoned(DType::f32, {f.d.tokens});
+  ba.grads.db1 = f.m.poisoned(DType::f32, {3, 64});
+  ba.wgrad = WgradMode::deferred;
+  WgradState w = backward(ctx, saved, ba);
+  EXPECT_TRUE(w.pending());
+  EXPECT_GT(w.bytes(), 0);
+  try {
+    backward(ctx, saved, ba);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "saved");
+  }
+  WgradState empty;
+  EXPECT_THROW(compute_wgrad(ctx, empty, ba.grads), Error);
+}
+
+TEST(Validation, QuantizeRejectsBadShapesAndSmallScaleBuffers) {
+  Context ctx({.backend = "cpu"});
+  HostTensor src = random_bf16({40, 48});
+  HostTensor q(DType::e4m3, {40, 48}), s(DType::e8m0, {rowwise_scale_bytes(40, 64)});
+  QuantizeArgs a;
+  a.src = src.view;
+  a.rowwise = {q.view, s.view, BlockAxis::row, ScaleLayout::compact};
+  try {
+    quantize_mxfp8(ctx, a);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "src");
+    EXPECT_NE(std::string(e.what()).find("48"), std::string::npos);
+  }
+  HostTensor src2 = random_bf16({40, 64});
+  HostTensor q2(DType::e4m3, {40, 64}), s2(DType::e8m0, {10});
+  a.src = src2.view;
+  a.rowwise = {q2.view, s2.view, BlockAxis::row, ScaleLayout::compact};
+  try {
+    quantize_mxfp8(ctx, a);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "rowwise.scales");
+  }
+}
+
+TEST(Validation, GroupedGemmRejectsMixedRecipesAndBadOffsets) {
+  Context ctx({.backend = "cpu"});
+  HostTensor a = random_bf16({10, 64}), b = random_bf16({2, 32, 64}), d(DType::bf16, {10, 32});
+  HostTensor off = offsets_from_sizes({4, 6});
+  MGroupedGemmArgs g;
+  g.a.bf16 = a.view;
+  g.b.data.dense = b.view;
+  g.offsets.offsets = off.view;
+  g.d = d.view;
+  d.poison();
+  EXPECT_NO_THROW(grouped_gemm_m(ctx, g));
+  off.ptr<int32_t>()[1] = 11;
+  try {
+    grouped_gemm_m(ctx, g);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "offsets");
+  }
+  HostTensor bq(DType::e4m3, {2, 32, 64});
+  g.b.data.dense = bq.view;
+  g.b.data.dtype = DType::e4m3;
+  EXPECT_THROW(grouped_gemm_m(ctx, g), Error);
+}
+
+}  // namespace
+}  // namespace mxmoe::test

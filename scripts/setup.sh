@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the build dependencies (pinned Debian packages) where they are missing, then configures
+# and builds mxmoe into ${BUILD_DIR:-build}. nvcc is optional: without it only the CPU backend builds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+declare -A pins=([cmake]=3.25.1-1 [g++]=4:12.2.0-3 [make]=4.3-4.1 [libgtest-dev]=1.12.1-0.2)
+missing=()
+command -v cmake >/dev/null || missing+=("cmake=${pins[cmake]}")
+command -v g++ >/dev/null || missing+=("g++=${pins[g++]}")
+command -v make >/dev/null || missing+=("make=${pins[make]}")
+[ -f /usr/include/gtest/gtest.h ] || missing+=("libgtest-dev=${pins[libgtest-dev]}")
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+BUILD_DIR=${BUILD_DIR:-build}
+jobs=$(nproc 2>/dev/null || echo 2)
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release ${MXMOE_CMAKE_ARGS:-} >/dev/null
+cmake --build "$BUILD_DIR" -j"$jobs"

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The test command: install what is missing, build everything, run every test through CTest.
+# GPU tests (label gpu) report SKIPPED with the reason where there is no GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+cd "${BUILD_DIR:-build}"
+ctest --output-on-failure -j"$(nproc 2>/dev/null || echo 2)" "$@"

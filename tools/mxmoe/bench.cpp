@@ -1,0 +1,328 @@
+// `mxmoe bench`: times each step of the grouped MLP on the GPU (FC1/FC2 fprop with their fused
+// epilogues, both dgrads, both k-grouped wgrads, the activation quantizer) and the whole layer
+// forward and forward+backward, per preset, balanced and skewed. CUDA events around each run after
+// warm-up; the median of the timed runs; TFLOP/s and GB/s (minimum bytes: every operand read once,
+// every output written once). bench/peer_torch.py measures torch._grouped_mm on the same shapes
+// in the same session and prints ratios against the JSON this writes.
+//
+//   mxmoe bench [--preset NAME] [--recipe mxfp8|bf16] [--skew] [--json FILE]
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <random>
+
+#include "src/dispatch/backend.h"
+#include "tools/mxmoe/cli.h"
+
+#if defined(MXMOE_WITH_CUDA)
+#include <cuda_runtime.h>
+#endif
+
+namespace mxmoe::cli {
+
+#if defined(MXMOE_WITH_CUDA)
+namespace {
+
+constexpr int kWarmup = 3;
+constexpr int kIters = 10;
+
+void ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// Device buffer filled with random (never zero) bf16 values in [-scale, scale]; a 4M-value random
+// pattern is tiled over the buffer, which is enough for timing and cheap to make at model sizes.
+struct DevBuf {
+  void* p = nullptr;
+  int64_t bytes = 0;
+  explicit DevBuf(int64_t n) : bytes(n) { ok(cudaMalloc(&p, std::max<int64_t>(n, 16)), "cudaMalloc"); }
+  ~DevBuf() { cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+};
+
+std::unique_ptr<DevBuf> random_bf16(int64_t n, float scale, std::mt19937_64& g) {
+  auto b = std::make_unique<DevBuf>(n * 2);
+  constexpr int64_t kPattern = int64_t{1} << 22;
+  std::vector<uint16_t> h(static_cast<size_t>(std::min(n, kPattern)));
+  std::uniform_real_distribution<float> d(-scale, scale);
+  for (auto& v : h) v = bf16_from_f32(d(g));
+  for (int64_t off = 0; off < n; off += kPattern) {
+    const int64_t m = std::min<int64_t>(kPattern, n - off);
+    ok(cudaMemcpy(static_cast<uint16_t*>(b->p) + off, h.data(), m * 2, cudaMemcpyHostToDevice), "upload");
+  }
+  return b;
+}
+
+struct Row {
+  std::string preset, split, recipe, op;
+  double ms = 0, flops = 0, bytes = 0;
+};
+
+// The token split of each (preset, split) benchmarked, for the peer script to reuse.
+struct SplitRecord {
+  std::string preset, split;
+  int64_t hidden, ffn, experts, tokens;
+  std::vector<int64_t> sizes;
+};
+std::vector<SplitRecord> g_splits;
+
+double median_ms(const std::function<void()>& f, cudaStream_t s) {
+  for (int i = 0; i < kWarmup; ++i) f();
+  std::vector<float> t;
+  cudaEvent_t a, b;
+  ok(cudaEventCreate(&a), "event");
+  ok(cudaEventCreate(&b), "event");
+  for (int i = 0; i < kIters; ++i) {
+    ok(cudaEventRecord(a, s), "record");
+    f();
+    ok(cudaEventRecord(b, s), "record");
+    ok(cudaEventSynchronize(b), "sync");
+    float ms = 0;
+    ok(cudaEventElapsedTime(&ms, a, b), "elapsed");
+    t.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+TensorView dv(const DevBuf& b, DType t, std::initializer_list<int64_t> shape) {
+  return TensorView::of(b.p, t, shape, Device{DeviceType::cuda, 0});
+}
+
+void bench_one(const Preset& pr, bool skew, Recipe recipe, uint64_t seed, std::vector<Row>& rows) {
+  using namespace detail;
+  Problem p;
+  p.hidden = pr.hidden;
+  p.ffn = pr.ffn;
+  p.experts = pr.experts;
+  p.activation = pr.activation;
+  p.glu_layout = pr.glu_layout;
+  p.recipe = recipe;
+  const int64_t T = pr.tokens, H = p.hidden, F = p.ffn, E = p.experts;
+  std::mt19937_64 g(seed);
+  cudaStream_t stream;
+  ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  Context ctx(Options{.stream = stream});
+
+  auto x = random_bf16(T * H, 1.0f, g), dy = random_bf16(T * H, 1.0f, g);
+  auto w1 = random_bf16(E * 2 * F * H, 1.0f / std::sqrt(float(H)), g);
+  auto w2 = random_bf16(E * H * F, 1.0f / std::sqrt(float(F)), g);
+  std::vector<int64_t> split = token_split(T, E, skew, seed);
+  if (recipe == Recipe::mxfp8 || std::none_of(g_splits.begin(), g_splits.end(), [&](const SplitRecord& r) {
+        return r.preset == pr.name && r.split == (skew ? "skew" : "balanced");
+      }))
+    g_splits.push_back({pr.name, skew ? "skew" : "balanced", H, F, E, T, split});
+  std::vector<int32_t> off(E + 1, 0);
+  for (int64_t e = 0; e < E; ++e) off[e + 1] = off[e] + static_cast<int32_t>(split[e]);
+  DevBuf offsets(4 * (E + 1)), probs(4 * T), y(2 * T * H), dx(2 * T * H), dprobs(4 * T);
+  DevBuf dw1(4 * E * 2 * F * H), dw2(4 * E * H * F);
+  ok(cudaMemcpy(offsets.p, off.data(), 4 * (E + 1), cudaMemcpyHostToDevice), "offsets");
+  std::vector<float> hp(T);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  for (auto& v : hp) v = u(g);
+  ok(cudaMemcpy(probs.p, hp.data(), 4 * T, cudaMemcpyHostToDevice), "probs");
+
+  ForwardArgs fa;
+  fa.x = dv(*x, DType::bf16, {T, H});
+  fa.offsets.offsets = dv(offsets, DType::i32, {E + 1});
+  fa.probs = dv(probs, DType::f32, {T});
+  fa.w1.dense = dv(*w1, DType::bf16, {E, 2 * F, H});
+  fa.w2.dense = dv(*w2, DType::bf16, {E, H, F});
+  fa.y = dv(y, DType::bf16, {T, H});
+  BackwardArgs ba;
+  ba.dy = dv(*dy, DType::bf16, {T, H});
+  ba.dx = dv(dx, DType::bf16, {T, H});
+  ba.dprobs = dv(dprobs, DType::f32, {T});
+  ba.grads.dw1.dense = dv(dw1, DType::f32, {E, 2 * F, H});
+  ba.grads.dw2.dense = dv(dw2, DType::f32, {E, H, F});
+
+  const std::string split_name = skew ? "skew" : "balanced";
+  auto add = [&](const char* op, double ms, double flops, double bytes) {
+    rows.push_back({pr.name, split_name, to_string(recipe), op, ms, flops, bytes});
+    std::fprintf(stderr, "  %-12s %-8s %-5s %-14s %9.3f ms %8.1f TFLOP/s %7.0f GB/s\n", pr.name, split_name.c_str(),
+                 to_string(recipe), op, ms, flops / ms * 1e-9, bytes / ms * 1e-6);
+  };
+  const double tHF = double(T) * H * F;
+  const int64_t ab = recipe == Recipe::mxfp8 ? 1 : 2;  // bytes per activation/weight operand element
+
+  // Whole layer.
+  const double fwd_ms = median_ms([&] { SavedState s = forward(ctx, p, fa); }, stream);
+  add("layer_fwd", fwd_ms, 6 * tHF, 0);
+  const double fb_ms = median_ms([&] {
+    SavedState s = forward(ctx, p, fa);
+    backward(ctx, s, ba);
+  }, stream);
+  add("layer_fwd_bwd", fb_ms, 18 * tHF, 0);
+
+  // The steps, on operands prepared once in the recipe's format.
+  SavedState saved = forward(ctx, p, fa);
+  SavedImpl& si = saved.impl();
+  const ScaleLayout layout = ctx.options().scale_layout;
+  Backend& be = select(ctx, {Step::gemm_m, fa.x.device, recipe, 2 * F, H});
+  auto mk_w = [&](const ExpertMatrices& w, int64_t r, int64_t c, BlockAxis axis) {
+    const int64_t per = axis == BlockAxis::row ? rowwise_scale_bytes(r, c) : colwise_matrix_scale_bytes(r, c);
+    auto data = std::make_shared<DevBuf>(E * r * c), sc = std::make_shared<DevBuf>(E * per);
+    QuantizeExpertsStep q{w, E, r, c, dv(*data, DType::e4m3, {E, r, c}), dv(*sc, DType::e8m0, {E, per}), axis, layout};
+    be.quantize_experts(ctx, q);
+    ExpertOperand o;
+    o.data.dense = q.data;
+    o.data.dtype = DType::e4m3;
+    o.scales.dense = q.scales;
+    o.layout = layout;
+    return std::tuple{o, data, sc};
+  };
+  auto mk_act = [&](int64_t cols, const TensorView& src) {
+    OwnedMxfp8 r = make_mxfp8(fa.x.device, stream, T, cols, BlockAxis::row, layout, E);
+    OwnedMxfp8 c = make_mxfp8(fa.x.device, stream, T, cols, BlockAxis::col, layout, E);
+    if (src.data) be.quantize(ctx, {src, fa.offsets, r.view, c.view});
+    return std::pair{std::move(r), std::move(c)};
+  };
+  const bool mx = recipe == Recipe::mxfp8;
+  auto xq = mk_act(H, fa.x);
+  auto dyq = mk_act(H, ba.dy);
+  if (mx) add("quantize_x", median_ms([&] { be.quantize(ctx, {fa.x, fa.offsets, xq.first.view, xq.second.view}); }, stream),
+              0, double(T) * H * 4);
+  auto [w1r, w1rd, w1rs] = mk_w(fa.w1, 2 * F, H, BlockAxis::row);
+  auto [w2r, w2rd, w2rs] = mk_w(fa.w2, H, F, BlockAxis::row);
+  auto [w2c, w2cd, w2cs] = mk_w(fa.w2, H, F, BlockAxis::col);
+  auto [w1c, w1cd, w1cs] = mk_w(fa.w1, 2 * F, H, BlockAxis::col);
+  auto op = [&](const Mxfp8View& m, const TensorView& b) { return mx ? Operand{{}, m} : Operand{b, {}}; };
+  auto wop = [&](const ExpertOperand& q, const ExpertMatrices& w) {
+    if (mx) return q;
+    ExpertOperand o;
+    o.data = w;
+    return o;
+  };
+  OwnedTensor c = make_tensor(fa.x.device, stream, DType::bf16, {T, 2 * F});
+  OwnedTensor a16 = make_tensor(fa.x.device, stream, DType::bf16, {T, F});
+  OwnedTensor dc16 = make_tensor(fa.x.device, stream, DType::bf16, {T, 2 * F});
+  auto aq = mk_act(F, {});
+  auto dcq = mk_act(2 * F, {});
+
+  MGemmStep fc1;
+  fc1.epilogue = Epilogue::glu_forward;
+  fc1.gemm.a = op(xq.first.view, fa.x);
+  fc1.gemm.offsets = fa.offsets;
+  fc1.gemm.b = wop(w1r, fa.w1);
+  fc1.probs = fa.probs;
+  fc1.glu = GluParams{p.activation, p.clamp};
+  fc1.glu_layout = p.glu_layout;
+  fc1.ffn = F;
+  fc1.c = c.view;
+  if (mx) {
+    fc1.out_row = aq.first.view;
+    fc1.out_col = aq.second.view;
+  } else {
+    fc1.out_bf16 = a16.view;
+  }
+  add("fc1_fprop", median_ms([&] { be.gemm_m(ctx, fc1); }, stream), 4 * tHF,
+      double(T) * H * ab + double(E) * 2 * F * H * ab + double(T) * 2 * F * 2 + double(T) * F * 2 * ab);
+  MGemmStep fc2;
+  fc2.gemm.a = op(aq.first.view, a16.view);
+  fc2.gemm.offsets = fa.offsets;
+  fc2.gemm.b = wop(w2r, fa.w2);
+  fc2.gemm.d = fa.y;
+  add("fc2_fprop", median_ms([&] { be.gemm_m(ctx, fc2); }, stream), 2 * tHF,
+      double(T) * F * ab + double(E) * H * F * ab + double(T) * H * 2);
+  MGemmStep d2 = fc1;
+  d2.epilogue = Epilogue::glu_backward;
+  d2.gemm.a = op(dyq.first.view, ba.dy);
+  d2.gemm.b = wop(w2c, fa.w2);
+  d2.gemm.b_kn = true;
+  d2.dprobs = ba.dprobs;
+  if (mx) {
+    d2.out_row = dcq.first.view;
+    d2.out_col = dcq.second.view;
+  } else {
+    d2.out_bf16 = dc16.view;
+  }
+  add("fc2_dgrad", median_ms([&] { be.gemm_m(ctx, d2); }, stream), 2 * tHF,
+      double(T) * H * ab + double(E) * H * F * ab + double(T) * 2 * F * 2 + double(T) * 2 * F * ab * (mx ? 2 : 1));
+  MGemmStep d1;
+  d1.gemm.a = op(dcq.first.view, dc16.view);
+  d1.gemm.offsets = fa.offsets;
+  d1.gemm.b = wop(w1c, fa.w1);
+  d1.gemm.b_kn = true;
+  d1.gemm.d = ba.dx;
+  add("fc1_dgrad", median_ms([&] { be.gemm_m(ctx, d1); }, stream), 4 * tHF,
+      double(T) * 2 * F * ab + double(E) * 2 * F * H * ab + double(T) * H * 2);
+  KGroupedGemmArgs k2{op(dyq.second.view, ba.dy), op(aq.second.view, a16.view), fa.offsets, ba.grads.dw2, false};
+  add("fc2_wgrad", median_ms([&] { be.gemm_k(ctx, k2); }, stream), 2 * tHF,
+      double(T) * (H + F) * ab + double(E) * H * F * 4);
+  KGroupedGemmArgs k1{op(dcq.second.view, dc16.view), op(xq.second.view, fa.x), fa.offsets, ba.grads.dw1, false};
+  add("fc1_wgrad", median_ms([&] { be.gemm_k(ctx, k1); }, stream), 4 * tHF,
+      double(T) * (2 * F + H) * ab + double(E) * 2 * F * H * 4);
+  ok(cudaStreamSynchronize(stream), "sync");
+  ok(cudaGetLastError(), "bench");
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+
+int command_bench(const CliOptions& o) {
+  if (cuda_device_count() == 0) {
+    std::fprintf(stderr, "mxmoe bench: no CUDA GPU on this machine (the benchmark times GPU kernels)\n");
+    return kExitError;
+  }
+  std::vector<const Preset*> list;
+  if (!o.preset.empty()) {
+    const Preset* p = find_preset(o.preset);
+    if (!p) throw UsageError("unknown preset '" + o.preset + "'");
+    list.push_back(p);
+  } else {
+    for (const Preset& p : presets())
+      if (std::string(p.name) != "small") list.push_back(&p);
+  }
+  std::vector<Recipe> recipes = o.recipe ? std::vector<Recipe>{*o.recipe} : std::vector<Recipe>{Recipe::mxfp8, Recipe::bf16};
+  std::vector<Row> rows;
+  std::fprintf(stderr, "mxmoe bench on %s (median of %d after %d warm-up runs)\n", cuda_device_description(0).c_str(),
+               kIters, kWarmup);
+  for (const Preset* p : list)
+    for (bool skew : o.skew ? std::vector<bool>{true} : std::vector<bool>{false, true})
+      for (Recipe r : recipes) bench_one(*p, skew, r, o.seed, rows);
+
+  std::printf("| preset | split | recipe | op | ms | TFLOP/s | GB/s |\n|---|---|---|---|---|---|---|\n");
+  for (const Row& r : rows)
+    std::printf("| %s | %s | %s | %s | %.3f | %.1f | %.0f |\n", r.preset.c_str(), r.split.c_str(), r.recipe.c_str(),
+                r.op.c_str(), r.ms, r.flops / r.ms * 1e-9, r.bytes / r.ms * 1e-6);
+  if (!o.json_path.empty()) {
+    FILE* f = std::fopen(o.json_path.c_str(), "w");
+    if (!f) throw std::runtime_error("cannot write " + o.json_path);
+    std::fprintf(f, "{\"device\": \"%s\", \"rows\": [\n", json_escape(cuda_device_description(0)).c_str());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      std::fprintf(f, "  {\"preset\": \"%s\", \"split\": \"%s\", \"recipe\": \"%s\", \"op\": \"%s\", \"ms\": %.5f, "
+                      "\"tflops\": %.3f, \"gbps\": %.1f}%s\n",
+                   r.preset.c_str(), r.split.c_str(), r.recipe.c_str(), r.op.c_str(), r.ms, r.flops / r.ms * 1e-9,
+                   r.bytes / r.ms * 1e-6, i + 1 < rows.size() ? "," : "");
+    }
+    std::fprintf(f, "], \"splits\": [\n");
+    std::vector<SplitRecord> uniq;
+    for (const SplitRecord& r : g_splits)
+      if (std::none_of(uniq.begin(), uniq.end(), [&](const SplitRecord& u) { return u.preset == r.preset && u.split == r.split; }))
+        uniq.push_back(r);
+    for (size_t i = 0; i < uniq.size(); ++i) {
+      const SplitRecord& r = uniq[i];
+      std::fprintf(f, "  {\"preset\": \"%s\", \"split\": \"%s\", \"hidden\": %lld, \"ffn\": %lld, \"experts\": %lld, "
+                      "\"tokens\": %lld, \"sizes\": [",
+                   r.preset.c_str(), r.split.c_str(), (long long)r.hidden, (long long)r.ffn, (long long)r.experts,
+                   (long long)r.tokens);
+      for (size_t e = 0; e < r.sizes.size(); ++e) std::fprintf(f, "%s%lld", e ? ", " : "", (long long)r.sizes[e]);
+      std::fprintf(f, "]}%s\n", i + 1 < uniq.size() ? "," : "");
+    }
+    std::fprintf(f, "]}\n");
+    std::fclose(f);
+  }
+  return kExitOk;
+}
+#else
+int command_bench(const CliOptions&) {
+  std::fprintf(stderr, "mxmoe bench: this build has no CUDA support (the benchmark times GPU kernels)\n");
+  return kExitError;
+}
+#endif
+
+}  // namespace mxmoe::cli

@@ -32,7 +32,9 @@ struct HostTensor {
   template <class T>
   const T* ptr() const { return reinterpret_cast<const T*>(bytes.data()); }
   int64_t numel() const { return view.numel(); }
-  void poison(uint8_t byte = 0xA5) { std::memset(bytes.data(), byte, bytes.size()); }
+  void poison(uint8_t byte = 0xA5) {
+    if (!bytes.empty()) std::memset(bytes.data(), byte, bytes.size());
+  }
 };
 
 inline std::mt19937_64& rng() {

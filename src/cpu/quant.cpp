@@ -20,8 +20,11 @@
 #include "mxmoe/numerics.h"
 #include "src/common/experts.h"
 #include "src/cpu/cpu_ops.h"
+#include "src/cpu/gemm_core.h"
 
 namespace mxmoe::cpu {
+using gemm_detail::parallel_worth;
+
 namespace {
 
 // ---- the block routines every path uses: n <= 32 values, element i at offset i * stride ----
@@ -143,7 +146,7 @@ void quantize(const QuantizeArgs& a) {
     auto* data = out.data.ptr<uint8_t>();
     auto* scales = out.scales.ptr<uint8_t>();
     std::memset(scales, 0, static_cast<size_t>(out.scales.numel()));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(m * k))
     for (int64_t r = 0; r < m; ++r) quantize_row(src + r * k, data + r * k, r, k, scales, out.layout);
   }
 
@@ -156,7 +159,7 @@ void quantize(const QuantizeArgs& a) {
     auto* scales = out.scales.ptr<uint8_t>();
     std::memset(scales, 0, static_cast<size_t>(out.scales.numel()));
     const auto n = static_cast<int64_t>(blocks.size());
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(n * kMxBlock * k))
     for (int64_t b = 0; b < n; ++b) quantize_col_block(src, data, k, blocks[b], scales, out.layout);
   }
 }
@@ -170,7 +173,7 @@ void dequantize(const DequantizeArgs& a) {
 
   if (in.axis == BlockAxis::row) {
     check_rowwise(m, k, in.scales.numel(), "src.scales");
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(m * k))
     for (int64_t r = 0; r < m; ++r) {
       for (int64_t kb = 0; kb < k / kMxBlock; ++kb) {
         const int64_t first = r * k + kb * kMxBlock;
@@ -185,7 +188,7 @@ void dequantize(const DequantizeArgs& a) {
   const int64_t scale_rows = append_col_blocks(groups_of(a.groups, m), 0, blocks);
   check_colwise(scale_rows, k, in.scales.numel(), "src.scales");
   const auto n = static_cast<int64_t>(blocks.size());
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(n * kMxBlock * k))
   for (int64_t bi = 0; bi < n; ++bi) {
     const ColBlock& b = blocks[bi];
     for (int64_t i = 0; i < k; ++i) {
@@ -210,7 +213,7 @@ void quantize_experts(const detail::QuantizeExpertsStep& s) {
 
   if (s.axis == BlockAxis::row) {
     check_rowwise(rows, cols, scale_bytes, "cols");
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (parallel_worth(s.experts * rows * cols))
     for (int64_t e = 0; e < s.experts; ++e) {
       for (int64_t r = 0; r < rows; ++r) {
         quantize_row(src.at<const uint16_t>(e) + r * cols, data + e * elems + r * cols, r, cols,
@@ -223,7 +226,7 @@ void quantize_experts(const detail::QuantizeExpertsStep& s) {
   std::vector<ColBlock> blocks;
   for (int64_t e = 0; e < s.experts; ++e) append_col_blocks({{0, rows}}, e, blocks);
   const auto n = static_cast<int64_t>(blocks.size());
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel_worth(n * kMxBlock * cols))
   for (int64_t bi = 0; bi < n; ++bi) {
     const ColBlock& b = blocks[bi];
     quantize_col_block(src.at<const uint16_t>(b.matrix), data + b.matrix * elems, cols, b,

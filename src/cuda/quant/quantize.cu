@@ -1,0 +1,79 @@
+// cuda::quantize: MXFP8 quantize of a bf16 [M, K] activation, row-wise and/or column-wise in one
+// pass over the input (kernel: quantize_kernel.cuh), column-wise blocks restarting at each group's
+// first row with the group offsets read on the device only (tile table: tile_table.cu).
+//
+// Stream order: memset of the scale buffers (padding and the unused tail rows of the column-wise
+// capacity, whose position depends on the device offsets) -> tile-table kernel (grouped column-wise
+// only) -> quantize kernel. No host synchronisation, so it can be captured in a CUDA graph.
+// Run: mxmoe_gpu_tests --gtest_filter='QuantGpu*'
+#include <string>
+
+#include "src/cuda/common/check.h"
+#include "src/cuda/cuda_ops.h"
+#include "src/cuda/quant/quantize_kernel.cuh"
+
+namespace mxmoe::cuda {
+namespace quant {
+
+void launch_quantize(const QuantizeParams& p, int64_t row_tiles, int64_t matrices, cudaStream_t stream) {
+  const int64_t blocks = row_tiles * p.col_tiles;
+  if (blocks == 0 || matrices == 0) return;  // nothing to quantize (M = 0, K = 0 or E = 0)
+  if (blocks > 0x7fffffff || matrices > 65535) {
+    throw Error("src", "tensor too large for the quantize grid: " + std::to_string(blocks) + " tiles x " +
+                           std::to_string(matrices) + " matrices");
+  }
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(matrices));
+  const bool row = p.row_data != nullptr, col = p.col_data != nullptr;
+  if (row && col) {
+    quantize_kernel<true, true><<<grid, kThreads, 0, stream>>>(p);
+  } else if (row) {
+    quantize_kernel<true, false><<<grid, kThreads, 0, stream>>>(p);
+  } else if (col) {
+    quantize_kernel<false, true><<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    return;
+  }
+  MXMOE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace quant
+
+void quantize(const QuantizeArgs& a, void* stream_ptr) {
+  using namespace quant;
+  const cudaStream_t stream = as_stream(stream_ptr);
+  const int64_t m = a.src.size(0), k = a.src.size(1);
+  const bool row = a.rowwise.data.data != nullptr, col = a.colwise.data.data != nullptr;
+
+  // Every scale byte is defined: zero first, the kernel then overwrites the real scales.
+  if (row && a.rowwise.scales.bytes() > 0) {
+    MXMOE_CUDA_CHECK(cudaMemsetAsync(a.rowwise.scales.data, 0, static_cast<size_t>(a.rowwise.scales.bytes()), stream));
+  }
+  if (col && a.colwise.scales.bytes() > 0) {
+    MXMOE_CUDA_CHECK(cudaMemsetAsync(a.colwise.scales.data, 0, static_cast<size_t>(a.colwise.scales.bytes()), stream));
+  }
+  if (m == 0 || k == 0 || !(row || col)) return;
+
+  QuantizeParams p;
+  p.src.dense = static_cast<const char*>(a.src.data);
+  p.rows = m;
+  p.cols = k;
+  p.col_tiles = ceil_div(k, kTileCols);
+  if (row) {
+    p.row_data = a.rowwise.data.ptr<uint8_t>();
+    p.row_scales = a.rowwise.scales.ptr<uint8_t>();
+    p.row_layout = a.rowwise.layout;
+  }
+  if (col) {
+    p.col_data = a.colwise.data.ptr<uint8_t>();
+    p.col_scales = a.colwise.scales.ptr<uint8_t>();
+    p.col_layout = a.colwise.layout;
+  }
+  // Row-wise alone does not care about groups: plain 32-row tiles over M. With a column-wise output
+  // the tiles follow the groups (the row-wise output is indifferent to which 32 rows a CTA holds).
+  const GroupOffsets none{};
+  const TileTable tiles(col ? a.groups : none, m, stream);
+  p.table = tiles.tiles();
+  launch_quantize(p, tiles.count(), 1, stream);
+}
+
+}  // namespace mxmoe::cuda

@@ -11,6 +11,7 @@
 #include <functional>
 #include <random>
 
+#include "src/api/layer_state.h"
 #include "src/dispatch/backend.h"
 #include "tools/mxmoe/cli.h"
 
@@ -158,8 +159,6 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, uint64_t seed, std::v
   add("layer_fwd_bwd", fb_ms, 18 * tHF, 0);
 
   // The steps, on operands prepared once in the recipe's format.
-  SavedState saved = forward(ctx, p, fa);
-  SavedImpl& si = saved.impl();
   const ScaleLayout layout = ctx.options().scale_layout;
   Backend& be = select(ctx, {Step::gemm_m, fa.x.device, recipe, 2 * F, H});
   auto mk_w = [&](const ExpertMatrices& w, int64_t r, int64_t c, BlockAxis axis) {
@@ -177,13 +176,13 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, uint64_t seed, std::v
   auto mk_act = [&](int64_t cols, const TensorView& src) {
     OwnedMxfp8 r = make_mxfp8(fa.x.device, stream, T, cols, BlockAxis::row, layout, E);
     OwnedMxfp8 c = make_mxfp8(fa.x.device, stream, T, cols, BlockAxis::col, layout, E);
-    if (src.data) be.quantize(ctx, {src, fa.offsets, r.view, c.view});
+    if (src.data) be.quantize(ctx, QuantizeArgs{src, fa.offsets, r.view, c.view});
     return std::pair{std::move(r), std::move(c)};
   };
   const bool mx = recipe == Recipe::mxfp8;
   auto xq = mk_act(H, fa.x);
   auto dyq = mk_act(H, ba.dy);
-  if (mx) add("quantize_x", median_ms([&] { be.quantize(ctx, {fa.x, fa.offsets, xq.first.view, xq.second.view}); }, stream),
+  if (mx) add("quantize_x", median_ms([&] { be.quantize(ctx, QuantizeArgs{fa.x, fa.offsets, xq.first.view, xq.second.view}); }, stream),
               0, double(T) * H * 4);
   auto [w1r, w1rd, w1rs] = mk_w(fa.w1, 2 * F, H, BlockAxis::row);
   auto [w2r, w2rd, w2rs] = mk_w(fa.w2, H, F, BlockAxis::row);

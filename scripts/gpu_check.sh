@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Everything the GPU machine is for, in one call: build there (16 cores), run every test (the gpu
+# label included), compute-sanitizer memcheck and racecheck over the kernel tests, the main job on
+# its GPU default (dsv3), the benchmark and the torch peer beside it. Logs go to $OUT (or ./out).
+# GoogleTest is not installed there: carry a copy in .deps/gtest (see docs/gpu_machine.md).
+#   scripts/gpu_check.sh [build|test|sanitize|run|bench]...   (default: all)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export PATH=/usr/local/cuda/bin:$PATH
+B=build-gpu
+steps=${*:-build test sanitize run bench}
+summary() { echo "== $1: $2" | tee -a "$OUT/summary.txt"; }
+for s in $steps; do
+  case $s in
+    build)
+      cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DMXMOE_CUDA_ARCHS=90a -DGTEST_ROOT="$PWD/.deps/gtest" \
+        >"$OUT/build.log" 2>&1 && cmake --build $B -j16 >>"$OUT/build.log" 2>&1
+      rc=$?; summary build "rc=$rc"; [ $rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; } ;;
+    test)
+      (cd $B && ctest -j4 --output-on-failure --timeout 300 >"../$OUT/ctest.log" 2>&1); rc=$?
+      summary ctest "rc=$rc $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
+      grep -E '\(Failed\)|\(SEGFAULT\)|Timeout|\*\*\*' "$OUT/ctest.log" | head -20 ;;
+    sanitize)
+      for tool in memcheck racecheck; do
+        compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/mxmoe_gpu_tests \
+          --gtest_filter='QuantGpu.*:GpuGemm*.*:GpuGlu*.*:GpuLayer.MatchesCpu*' >"$OUT/$tool.log" 2>&1
+        rc=$?; summary $tool "rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.log" | tail -1) $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/$tool.log" | head -2 | tr '\n' ' ')"
+      done ;;
+    run)
+      timeout 300 $B/mxmoe run --json "$OUT/run.json" >"$OUT/run.log" 2>"$OUT/run.err"; rc=$?
+      summary "mxmoe run (default preset)" "rc=$rc"; tail -45 "$OUT/run.log" ;;
+    bench)
+      timeout 400 $B/mxmoe bench ${BENCH_ARGS:-} --json "$OUT/bench.json" >"$OUT/bench.md" 2>"$OUT/bench.err"; rc=$?
+      summary "mxmoe bench" "rc=$rc"
+      timeout 300 python3 bench/peer_torch.py --mxmoe-json "$OUT/bench.json" --out "$OUT/peer.md" >"$OUT/peer.log" 2>&1
+      summary "peer" "rc=$?"; cat "$OUT/peer.md" ;;
+  esac
+done
+cat "$OUT/summary.txt"

@@ -1,0 +1,145 @@
+// Host entry of the portable m-grouped GEMM (cuda_ops.h): builds MGemmParams from the step, clears
+// the MXFP8 scale outputs (padding bytes must read 0), builds the group schedule on the device,
+// launches the kernel variant and, for glu_backward, the fixed-order dprob and db1 reductions.
+// Nothing here reads the offsets on the host or synchronises the stream (graph-capturable).
+#include "src/cuda/common/check.h"
+#include "src/cuda/cuda_ops.h"
+#include "src/cuda/portable/launch.h"
+#include "src/cuda/portable/reductions.h"
+
+namespace mxmoe::cuda::portable {
+namespace {
+
+constexpr int kBlockM = 128;   // rows of an m-tile (gemm_m_kernel.cuh)
+constexpr int kBlockN = 128;   // GEMM columns of an n-tile
+constexpr int kGluFwdF = 64;   // GLU features of a glu_forward n-tile
+
+const TensorView& operand_view(const Operand& a) { return a.mx.data.rank > 0 ? a.mx.data : a.bf16; }
+
+int64_t gemm_width(const detail::MGemmStep& s) {
+  switch (s.epilogue) {
+    case detail::Epilogue::glu_forward: return 2 * s.ffn;
+    case detail::Epilogue::glu_backward: return s.ffn;
+    case detail::Epilogue::store: break;
+  }
+  return s.gemm.d.shape[1];
+}
+
+Epi to_epi(detail::Epilogue e) {
+  switch (e) {
+    case detail::Epilogue::glu_forward: return Epi::glu_forward;
+    case detail::Epilogue::glu_backward: return Epi::glu_backward;
+    case detail::Epilogue::store: break;
+  }
+  return Epi::store;
+}
+
+template <bool Fp8, Major BMajor>
+void launch_by_epilogue(Epi epi, const MGemmParams& p, cudaStream_t stream) {
+  switch (epi) {
+    case Epi::store: launch_gemm_m<Fp8, BMajor, Epi::store>(p, stream); break;
+    case Epi::glu_forward: launch_gemm_m<Fp8, BMajor, Epi::glu_forward>(p, stream); break;
+    case Epi::glu_backward: launch_gemm_m<Fp8, BMajor, Epi::glu_backward>(p, stream); break;
+  }
+}
+
+void clear_scales(const Mxfp8View& v, cudaStream_t stream) {
+  if (v.data.data != nullptr && v.scales.data != nullptr && v.scales.bytes() > 0)
+    MXMOE_CUDA_CHECK(cudaMemsetAsync(v.scales.data, 0, static_cast<size_t>(v.scales.bytes()), stream));
+}
+
+}  // namespace
+
+void gemm_m(const detail::MGemmStep& s, void* stream_ptr) {
+  const cudaStream_t stream = as_stream(stream_ptr);
+  const MGroupedGemmArgs& g = s.gemm;
+  const bool fp8 = g.a.mx.data.rank > 0;
+  if (fp8 != g.b.is_mxfp8())
+    throw Error("gemm.b", "cuda_portable needs A and B in the same format (both BF16 or both MXFP8)");
+  const TensorView& av = operand_view(g.a);
+  const int64_t rows = av.shape[0], k = av.shape[1], experts = g.offsets.experts();
+  const int64_t n = gemm_width(s);
+  const Epi epi = to_epi(s.epilogue);
+  if (experts <= 0) return;
+
+  MGemmParams p;
+  p.rows = rows;
+  p.n = n;
+  p.k = k;
+  p.ffn = s.ffn;
+  p.a = static_cast<const uint8_t*>(av.data);
+  const int64_t elem = fp8 ? 1 : 2;
+  p.b = expert_ptrs(g.b.data, n * k, elem);
+  p.b_layout = g.b.layout;
+  if (fp8) {
+    p.a_scales = g.a.mx.scales.ptr<const uint8_t>();
+    p.a_layout = g.a.mx.layout;
+    const int64_t sb = g.b_kn ? colwise_matrix_scale_bytes(k, n) : rowwise_scale_bytes(n, k);
+    p.b_scales = expert_ptrs(g.b.scales, sb, 1);
+  }
+  p.bias = g.bias.ptr<const uint16_t>();
+  p.bias_by_probs = s.bias_scale_by_probs;
+  p.probs = s.probs.ptr<const float>();
+  p.d = g.d.data;
+  p.d_f32 = g.d.dtype == DType::f32;
+  p.glu = s.glu;
+  p.glu_layout = s.glu_layout;
+  if (epi == Epi::glu_forward) p.c_out = s.c.ptr<uint16_t>();
+  if (epi == Epi::glu_backward) p.c_in = s.c.ptr<const uint16_t>();
+  if (epi != Epi::store) {
+    p.out_bf16 = s.out_bf16.ptr<uint16_t>();
+    if (s.out_row.data.data != nullptr) {
+      p.out_mx.row_data = s.out_row.data.ptr<uint8_t>();
+      p.out_mx.row_scales = s.out_row.scales.ptr<uint8_t>();
+      p.out_mx.row_layout = s.out_row.layout;
+      clear_scales(s.out_row, stream);
+    }
+    if (s.out_col.data.data != nullptr) {
+      p.out_mx.col_data = s.out_col.data.ptr<uint8_t>();
+      p.out_mx.col_scales = s.out_col.scales.ptr<uint8_t>();
+      p.out_mx.col_layout = s.out_col.layout;
+      clear_scales(s.out_col, stream);
+    }
+  }
+  const int64_t out_cols_per_tile = epi == Epi::glu_forward ? kGluFwdF : kBlockN;
+  const int64_t out_cols = epi == Epi::store ? n : s.ffn;
+  p.n_tiles = static_cast<int32_t>((out_cols + out_cols_per_tile - 1) / out_cols_per_tile);
+
+  const int32_t tiles_bound = m_tiles_bound(rows, experts, kBlockM);
+  const bool bwd = epi == Epi::glu_backward;
+  const bool want_dprob = bwd && s.dprobs.data != nullptr;
+  const bool want_db1 = bwd && s.db1.dst.data != nullptr;
+  const int64_t dprob_floats = want_dprob ? static_cast<int64_t>(p.n_tiles) * rows : 0;
+  const int64_t db1_floats = want_db1 ? static_cast<int64_t>(tiles_bound) * 2 * s.ffn : 0;
+  Workspace ws(Workspace::aligned(experts * sizeof(GroupInfo)) + Workspace::aligned(tiles_bound * sizeof(TileInfo)) +
+                   Workspace::aligned(dprob_floats * 4) + Workspace::aligned(db1_floats * 4),
+               stream);
+  GroupInfo* groups = ws.take<GroupInfo>(experts);
+  TileInfo* tiles = ws.take<TileInfo>(tiles_bound);
+  if (want_dprob) {
+    p.ws_dprob = ws.take<float>(dprob_floats);
+    // Rows outside every group (only with bad offsets) then still read defined zeros.
+    MXMOE_CUDA_CHECK(cudaMemsetAsync(p.ws_dprob, 0, static_cast<size_t>(dprob_floats) * 4, stream));
+  }
+  if (want_db1) p.ws_db1 = ws.take<float>(db1_floats);
+
+  launch_build_schedule(g.offsets.data(), experts, rows, kBlockM, groups, tiles, tiles_bound, stream);
+  p.sched = Schedule{groups, tiles, tiles_bound};
+
+  if (fp8) {
+    if (g.b_kn) launch_by_epilogue<true, Major::mn>(epi, p, stream);
+    else launch_by_epilogue<true, Major::k>(epi, p, stream);
+  } else {
+    if (g.b_kn) launch_by_epilogue<false, Major::mn>(epi, p, stream);
+    else launch_by_epilogue<false, Major::k>(epi, p, stream);
+  }
+
+  if (want_dprob)
+    launch_reduce_dprob(p.ws_dprob, p.n_tiles, rows, s.dprob_add.ptr<const float>(), s.dprobs.ptr<float>(), stream);
+  if (want_db1) {
+    const GradDst dst{s.db1.dst.data, s.db1.dst.dtype == DType::f32, s.db1.accumulate};
+    launch_reduce_expert_tiles(p.ws_db1, 2 * s.ffn, groups, experts, kBlockM, dst, stream);
+  }
+}
+
+}  // namespace mxmoe::cuda::portable

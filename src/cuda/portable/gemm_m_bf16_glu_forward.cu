@@ -1,0 +1,8 @@
+// Explicit instantiations: m-grouped GEMM, bf16 operands, glu_forward epilogue, both B orientations.
+#include "src/cuda/portable/gemm_m_kernel.cuh"
+#include "src/cuda/portable/launch.h"
+
+namespace mxmoe::cuda::portable {
+template void launch_gemm_m<false, Major::k, Epi::glu_forward>(const MGemmParams&, cudaStream_t);
+template void launch_gemm_m<false, Major::mn, Epi::glu_forward>(const MGemmParams&, cudaStream_t);
+}  // namespace mxmoe::cuda::portable

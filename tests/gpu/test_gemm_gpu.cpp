@@ -1,0 +1,275 @@
+// GPU tests of the portable grouped GEMMs (src/cuda/portable/): the m-grouped GEMM's store
+// epilogue, the k-grouped GEMM and the FC2 bias gradients against the CPU reference
+// (src/cpu/gemm.cpp) on fresh random inputs with NaN-poisoned outputs; dense vs per-expert weights
+// and repeated runs must be bit-identical. GLU epilogues: test_glu_epilogue_gpu.cpp.
+// Run: mxmoe_gpu_tests --gtest_filter='PortableGemm*'
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "tests/gpu_support.h"
+
+#if defined(MXMOE_WITH_CUDA)
+#include "tests/gpu/grouped_gemm_gpu_fixture.h"
+#endif
+
+namespace mxmoe {
+namespace {
+
+#if defined(MXMOE_WITH_CUDA)
+using namespace test;
+using namespace test::gg;
+using detail::Epilogue;
+using detail::MGemmStep;
+
+const std::vector<int> kSizes = {0, 1, 31, 33, 129, 0};
+
+enum class BiasMode { none, bias, bias_times_probs };
+
+struct StoreCase {
+  std::vector<int> sizes = kSizes;
+  int64_t k = 96, n = 40;
+  bool mx = false, b_kn = false;
+  ScaleLayout layout = ScaleLayout::compact;
+  BiasMode bias = BiasMode::none;
+  DType out = DType::f32;
+};
+
+struct StoreResult {
+  double error = 0;        // GPU (dense weights) vs CPU reference
+  bool pointer_same = false;  // per-expert pointer weights give the same bytes
+  bool repeat_same = false;   // a second run gives the same bytes
+};
+
+StoreResult run_store(const StoreCase& c) {
+  const int64_t t = total_of(c.sizes), experts = static_cast<int64_t>(c.sizes.size());
+  const HostTensor offsets_h = offsets_from_sizes(c.sizes);
+  const Dual offsets(offsets_h);
+  const Act a(random_bf16({t, c.k}), c.mx, BlockAxis::row, c.layout, offsets_h);
+  const ExpertWeights w(experts, c.b_kn ? c.k : c.n, c.b_kn ? c.n : c.k, c.mx,
+                        c.b_kn ? BlockAxis::col : BlockAxis::row, c.layout);
+  const Dual bias = random_bf16_dual({experts, c.n}, -0.5f, 0.5f);
+  const Dual probs = random_f32_dual({t}, 0.f, 1.f);
+  Dual d = poisoned(c.out, {t, c.n});
+  Dual d2 = poisoned(c.out, {t, c.n});
+  Dual d3 = poisoned(c.out, {t, c.n});
+
+  MGemmStep s;
+  s.gemm.b_kn = c.b_kn;
+  s.bias_scale_by_probs = c.bias == BiasMode::bias_times_probs;
+  // Host step (CPU reference).
+  s.gemm.a = a.host();
+  s.gemm.offsets.offsets = offsets.hv();
+  s.gemm.b = w.host();
+  if (c.bias != BiasMode::none) s.gemm.bias = bias.hv();
+  s.probs = probs.hv();
+  s.gemm.d = d.hv();
+  cpu::gemm_m(s);
+  // Device steps.
+  s.gemm.a = a.dev();
+  s.gemm.offsets.offsets = offsets.dv();
+  s.gemm.b = w.dev(false);
+  if (c.bias != BiasMode::none) s.gemm.bias = bias.dv();
+  s.probs = probs.dv();
+  s.gemm.d = d.dv();
+  cuda::portable::gemm_m(s, nullptr);
+  s.gemm.d = d3.dv();
+  cuda::portable::gemm_m(s, nullptr);
+  s.gemm.b = w.dev(true);
+  s.gemm.d = d2.dv();
+  cuda::portable::gemm_m(s, nullptr);
+  sync();
+
+  const HostTensor got = d.download(), got2 = d2.download(), got3 = d3.download();
+  return {rel_error(got.view, d.hv()), bytes_equal(got.view, got2.view), bytes_equal(got.view, got3.view)};
+}
+
+void expect_store_ok(const StoreCase& c, double tol) {
+  const StoreResult r = run_store(c);
+  EXPECT_LE(r.error, tol) << "mx=" << c.mx << " b_kn=" << c.b_kn << " k=" << c.k << " n=" << c.n;
+  EXPECT_TRUE(r.pointer_same) << "per-expert pointer weights differ from dense weights";
+  EXPECT_TRUE(r.repeat_same) << "two runs differ";
+}
+#endif
+
+TEST(PortableGemmM, StoreMatchesCpuForBf16OperandsEveryOrientationAndBias) {
+  MXMOE_REQUIRE_GPU();
+#if defined(MXMOE_WITH_CUDA)
+  for (bool b_kn : {false, true})
+    for (BiasMode bias : {BiasMode::none, BiasMode::bias, BiasMode::bias_times_probs})
+      for (DType out : {DType::f32, DType::bf16})
+        expect_store_ok(StoreCase{.b_kn = b_kn, .bias = bias, .out = out}, out == DType::f32 ? 1e-5 : 1e-2);
+#endif
+}
+
+TEST(PortableGemmM, StoreMatchesCpuForMxfp8OperandsBothScaleLayouts) {
+  MXMOE_REQUIRE_GPU();
+#if defined(MXMOE_WITH_CUDA)
+  for (ScaleLayout layout : {ScaleLayout::compact, ScaleLayout::swizzled})
+    for (bool b_kn : {false, true})
+      expect_store_ok(StoreCase{.k = 96, .n = 64, .mx = true, .b_kn = b_kn, .layout = layout, .bias = BiasMode::bias},
+                      1e-5);
+#endif
+}
+
+TEST(PortableGemmM, StoreHandlesOddModelDimsAndTails) {
+  MXMOE_REQUIRE_GPU();
+#if defined(MXMOE_WITH_CUDA)
+  // H = 2880 and F = 1408 are not multiples of the 128-wide tiles; K = 2880 is not a multiple of 64.
+  for (bool mx : {false, true})
+    for (bool b_kn : {false, true})
+      expect_store_ok(StoreCase{.sizes = {37, 0, 130}, .k = 2880, .n = 1408, .mx = mx, .b_kn = b_kn,
+                                .layout = ScaleLayout::swizzled},
+                      1e-5);
+  expect_store_ok(StoreCase{.sizes = {5, 70}, .k = 1408, .n = 2880 + 8}, 1e-5);  // BF16: N % 8 only
+#endif
+}
+
+TEST(PortableGemmM, StoreHandlesAllEmptySingleExpertAndSkewedSplits) {
+  MXMOE_REQUIRE_GPU();
+#if defined(MXMOE_WITH_CUDA)
+  for (bool mx : {false, true}) {
+    expect_store_ok(StoreCase{.sizes = {0, 0, 0}, .k = 64, .n = 32, .mx = mx}, 1e-5);
+    expect_store_ok(StoreCase{.sizes = {300}, .k = 64, .n = 136, .mx = mx}, 1e-5);
+    expect_store_ok(StoreCase{.sizes = {0, 0, 513, 0, 2, 0, 0, 1}, .k = 160, .n = 96, .mx = mx, .b_kn = true}, 1e-5);
+    std::vector<int> many(40, 0);
+    many[3] = 7, many[17] = 250, many[39] = 33;
+    expect_store_ok(StoreCase{.sizes = many, .k = 64, .n = 64, .mx = mx}, 1e-5);
+  }
+#endif
+}
+
+#if defined(MXMOE_WITH_CUDA)
+struct KCase {
+  std::vector<int> sizes = kSizes;
+  int64_t m = 96, n = 72;
+  bool mx = false;
+  ScaleLayout layout = ScaleLayout::compact;
+  DType out = DType::f32;
+  bool accumulate = false;
+};
+
+void expect_gemm_k_ok(const KCase& c) {
+  const int64_t t = total_of(c.sizes), experts = static_cast<int64_t>(c.sizes.size());
+  const HostTensor offsets_h = offsets_from_sizes(c.sizes);
+  const Dual offsets(offsets_h);
+  const Act a(random_bf16({t, c.m}), c.mx, BlockAxis::col, c.layout, offsets_h);
+  const Act b(random_bf16({t, c.n}), c.mx, BlockAxis::col, c.layout, offsets_h);
+  // beta = 1 starts from random values (same on both sides); beta = 0 from NaN poison.
+  HostTensor init = c.accumulate ? random_f32({experts, c.m, c.n}) : HostTensor(c.out, {experts, c.m, c.n});
+  if (!c.accumulate && !init.bytes.empty()) init.poison(kPoison);
+  Dual d(init), d2(init), d3(init);
+
+  KGroupedGemmArgs k;
+  k.accumulate = c.accumulate;
+  k.a = a.host();
+  k.b = b.host();
+  k.offsets.offsets = offsets.hv();
+  k.d.dense = d.hv();
+  k.d.dtype = c.out;
+  cpu::gemm_k(k);
+  k.a = a.dev();
+  k.b = b.dev();
+  k.offsets.offsets = offsets.dv();
+  k.d.dense = d.dv();
+  cuda::portable::gemm_k(k, nullptr);
+  k.d.dense = d3.dv();
+  cuda::portable::gemm_k(k, nullptr);
+  // Per-expert output pointers into d2.
+  HostTensor ptrs(DType::i64, {experts});
+  const int64_t elem = c.out == DType::f32 ? 4 : 2;
+  for (int64_t e = 0; e < experts; ++e)
+    ptrs.ptr<int64_t>()[e] = reinterpret_cast<int64_t>(static_cast<char*>(d2.d->ptr) + e * c.m * c.n * elem);
+  const Dual table(ptrs);
+  k.d.dense = TensorView{};
+  k.d.pointers = table.dv();
+  cuda::portable::gemm_k(k, nullptr);
+  sync();
+
+  const HostTensor got = d.download(), got2 = d2.download(), got3 = d3.download();
+  const double tol = c.out == DType::f32 ? 1e-5 : 1e-2;
+  EXPECT_LE(rel_error(got.view, d.hv()), tol) << "mx=" << c.mx << " accumulate=" << c.accumulate;
+  EXPECT_TRUE(bytes_equal(got.view, got2.view)) << "per-expert output pointers differ from dense output";
+  EXPECT_TRUE(bytes_equal(got.view, got3.view)) << "two runs differ";
+  if (c.accumulate) {  // empty experts untouched
+    for (size_t e = 0; e < c.sizes.size(); ++e)
+      if (c.sizes[e] == 0) {
+        EXPECT_EQ(0, std::memcmp(got.bytes.data() + e * c.m * c.n * 4, init.bytes.data() + e * c.m * c.n * 4,
+                                 static_cast<size_t>(c.m * c.n * 4)))
+            << "expert " << e;
+      }
+  }
+}
+#endif
+
+TEST(PortableGemmK, MatchesCpuBothRecipesLayoutsAndBeta) {
+  MXMOE_REQUIRE_GPU();
+#if defined(MXMOE_WITH_CUDA)
+  for (bool mx : {false, true})
+    for (ScaleLayout layout : {ScaleLayout::compact, ScaleLayout::swizzled})
+      for (bool acc : {false, true})
+        expect_gemm_k_ok(KCase{.m = 96, .n = 160, .mx = mx, .layout = layout, .accumulate = acc});
+  for (bool mx : {false, true}) expect_gemm_k_ok(KCase{.m = 64, .n = 96, .mx = mx, .out = DType::bf16});
+#endif
+}
+
+TEST(PortableGemmK, HandlesOddModelDimsEmptyAndSkewedGroups) {
+  MXMOE_REQUIRE_GPU();
+#if defined(MXMOE_WITH_CUDA)
+  for (bool mx : {false, true}) {
+    expect_gemm_k_ok(KCase{.sizes = {45, 0, 100}, .m = 1408, .n = 2880, .mx = mx, .layout = ScaleLayout::swizzled});
+    expect_gemm_k_ok(KCase{.sizes = {0, 0}, .m = 64, .n = 32, .mx = mx});
+    expect_gemm_k_ok(KCase{.sizes = {0, 0}, .m = 64, .n = 32, .mx = mx, .accumulate = true});
+    expect_gemm_k_ok(KCase{.sizes = {0, 777, 0, 1}, .m = 32, .n = 160, .mx = mx, .accumulate = true});
+  }
+  expect_gemm_k_ok(KCase{.sizes = {9, 70}, .m = 136, .n = 8});  // BF16: multiples of 8 only
+#endif
+}
+
+TEST(PortableFc2BiasGrads, MatchCpuWithAndWithoutProbScaling) {
+  MXMOE_REQUIRE_GPU();
+#if defined(MXMOE_WITH_CUDA)
+  for (bool scale : {false, true})
+    for (DType out : {DType::f32, DType::bf16})
+      for (bool acc : {false, true}) {
+        if (out == DType::bf16 && acc) continue;
+        const std::vector<int> sizes = {0, 1, 31, 300, 0, 129};
+        const int64_t t = total_of(sizes), experts = static_cast<int64_t>(sizes.size()), h = 2880;
+        const HostTensor offsets_h = offsets_from_sizes(sizes);
+        const Dual offsets(offsets_h), dy = random_bf16_dual({t, h}), probs = random_f32_dual({t}, 0.f, 1.f);
+        const Dual b2 = random_bf16_dual({experts, h});
+        HostTensor init = acc ? random_f32({experts, h}) : HostTensor(out, {experts, h});
+        if (!acc) init.poison(kPoison);
+        Dual db2(init), db2_again(init);
+        Dual dprob = poisoned(DType::f32, {t}), dprob_again = poisoned(DType::f32, {t});
+
+        detail::Fc2BiasGradStep s;
+        s.scale_by_probs = scale;
+        s.db2.accumulate = acc;
+        s.dy = dy.hv(), s.offsets.offsets = offsets.hv(), s.probs = probs.hv(), s.b2 = b2.hv();
+        s.db2.dst = db2.hv(), s.dprob_add = dprob.hv();
+        cpu::fc2_bias_grads(s);
+        s.dy = dy.dv(), s.offsets.offsets = offsets.dv(), s.probs = probs.dv(), s.b2 = b2.dv();
+        s.db2.dst = db2.dv(), s.dprob_add = dprob.dv();
+        cuda::portable::fc2_bias_grads(s, nullptr);
+        s.db2.dst = db2_again.dv(), s.dprob_add = dprob_again.dv();
+        if (!acc) cuda::portable::fc2_bias_grads(s, nullptr);
+        sync();
+        const HostTensor got = db2.download();
+        EXPECT_LE(rel_error(got.view, db2.hv()), out == DType::f32 ? 1e-5 : 1e-2) << "scale=" << scale;
+        if (!acc) {
+          EXPECT_TRUE(bytes_equal(got.view, db2_again.download().view)) << "two runs differ";
+        }
+        if (scale) {
+          const HostTensor gp = dprob.download();
+          EXPECT_LE(rel_error(gp.view, dprob.hv()), 1e-5);
+          if (!acc) {
+            EXPECT_TRUE(bytes_equal(gp.view, dprob_again.download().view));
+          }
+        }
+      }
+#endif
+}
+
+}  // namespace
+}  // namespace mxmoe

@@ -6,7 +6,7 @@
 #   scripts/gpu_check.sh [build|test|sanitize|run|bench]...   (default: all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-out}
+OUT=$(realpath -m "${OUT:-out}")
 mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH
 B=build-gpu
@@ -19,13 +19,13 @@ for s in $steps; do
         >"$OUT/build.log" 2>&1 && cmake --build $B -j16 >>"$OUT/build.log" 2>&1
       rc=$?; summary build "rc=$rc"; [ $rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; } ;;
     test)
-      (cd $B && ctest -j4 --output-on-failure --timeout 300 >"../$OUT/ctest.log" 2>&1); rc=$?
+      (cd $B && ctest -j4 --output-on-failure --timeout 300 >"$OUT/ctest.log" 2>&1); rc=$?
       summary ctest "rc=$rc $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
       grep -E '\(Failed\)|\(SEGFAULT\)|Timeout|\*\*\*' "$OUT/ctest.log" | head -20 ;;
     sanitize)
       for tool in memcheck racecheck; do
-        compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/mxmoe_gpu_tests \
-          --gtest_filter='QuantGpu.*:GpuGemm*.*:GpuGlu*.*:GpuLayer.MatchesCpu*' >"$OUT/$tool.log" 2>&1
+        timeout ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/mxmoe_gpu_tests \
+          --gtest_filter="${SANITIZE_FILTER:-QuantGpu.*:GpuGemm*.*:GpuGlu*.*}" >"$OUT/$tool.log" 2>&1
         rc=$?; summary $tool "rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.log" | tail -1) $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/$tool.log" | head -2 | tr '\n' ' ')"
       done ;;
     run)

@@ -104,8 +104,16 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, uint64_t seed, std::v
   p.recipe = recipe;
   const int64_t T = pr.tokens, H = p.hidden, F = p.ffn, E = p.experts;
   std::mt19937_64 g(seed);
-  cudaStream_t stream;
-  ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  // Declared first so it is destroyed last: library buffers free themselves on this stream.
+  struct Stream {
+    cudaStream_t s;
+    Stream() { ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream"); }
+    ~Stream() {
+      cudaStreamSynchronize(s);
+      cudaStreamDestroy(s);
+    }
+  } owned_stream;
+  cudaStream_t stream = owned_stream.s;
   Context ctx(Options{.stream = stream});
 
   auto x = random_bf16(T * H, 1.0f, g), dy = random_bf16(T * H, 1.0f, g);
@@ -256,7 +264,6 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, uint64_t seed, std::v
       double(T) * (2 * F + H) * ab + double(E) * 2 * F * H * 4);
   ok(cudaStreamSynchronize(stream), "sync");
   ok(cudaGetLastError(), "bench");
-  cudaStreamDestroy(stream);
 }
 
 }  // namespace

@@ -36,7 +36,13 @@ def median_ms(fn, warmup=3, iters=10):
 
 def peer_rows(split):
     H, Fd, E, T = split["hidden"], split["ffn"], split["experts"], split["tokens"]
-    sizes = torch.tensor(split["sizes"], dtype=torch.int64)
+    sizes = list(split["sizes"])
+    # torch._grouped_mm needs every group's byte extent along a dynamic dimension to be a multiple of
+    # 16 (8 bf16 tokens) for the k-grouped case: round the peer's split down to 16-token multiples and
+    # give the remainder to the largest expert (same T). mxmoe runs the exact split.
+    rounded = [s // 16 * 16 for s in sizes]
+    rounded[max(range(len(sizes)), key=lambda e: sizes[e])] += sum(sizes) - sum(rounded)
+    sizes = torch.tensor(rounded, dtype=torch.int64)
     offs = torch.cumsum(sizes, 0).to(torch.int32).cuda()  # end offsets, as _grouped_mm wants
     dev = "cuda"
     bf = torch.bfloat16
@@ -56,8 +62,8 @@ def peer_rows(split):
     out["fc2_dgrad"] = median_ms(lambda: gm(dy, w2, offs=offs))
     out["fc1_dgrad"] = median_ms(lambda: gm(dc, w1, offs=offs))
     # k-grouped: [H, T] x [T, F] per expert -> [E, H, F]
-    dyt = dy.t().contiguous()
-    dct = dc.t().contiguous()
+    dyt = dy.t()  # column-major [H, T] view, as autograd passes it
+    dct = dc.t()
     out["fc2_wgrad"] = median_ms(lambda: gm(dyt, a, offs=offs))
     out["fc1_wgrad"] = median_ms(lambda: gm(dct, x, offs=offs))
 

@@ -55,7 +55,12 @@ struct DeviceTensor {
   ~DeviceTensor() {
     if (ptr) cudaFree(ptr);
   }
-  void poison(int byte = 0xA5) { cuda_ok(cudaMemset(ptr, byte, static_cast<size_t>(view.bytes()))); }
+  // Synchronous: cudaMemset runs on the legacy stream, which does not order against the
+  // non-blocking streams the tests launch on.
+  void poison(int byte = 0xA5) {
+    cuda_ok(cudaMemset(ptr, byte, static_cast<size_t>(view.bytes())));
+    cuda_ok(cudaDeviceSynchronize());
+  }
   void upload(const HostTensor& h) {
     cuda_ok(cudaMemcpy(ptr, h.bytes.data(), h.bytes.size(), cudaMemcpyHostToDevice));
   }

@@ -10,6 +10,16 @@
 
 namespace mxmoe {
 
+// Where the library's own memory (workspaces, saved-for-backward state) comes from. Unset: host
+// memory for the CPU backend, cudaMallocAsync/cudaFreeAsync on the stream for CUDA (both legal in
+// CUDA-graph capture). Frameworks plug in their caching allocator here (PyTorch does).
+struct Allocator {
+  void* (*allocate)(int64_t bytes, Device device, void* stream, void* user) = nullptr;
+  void (*release)(void* ptr, int64_t bytes, Device device, void* stream, void* user) = nullptr;
+  void* user = nullptr;
+  bool set() const { return allocate != nullptr && release != nullptr; }
+};
+
 struct Options {
   // Force one backend by name ("cpu", "cuda_portable", "cuda_sm90"); empty = best available.
   // Environment: MXMOE_BACKEND. A forced backend that cannot serve a step is an error naming why.
@@ -20,6 +30,7 @@ struct Options {
   ScaleLayout scale_layout = ScaleLayout::compact;
   // cudaStream_t to run on (nullptr = the legacy default stream). Ignored on the CPU.
   void* stream = nullptr;
+  Allocator allocator{};
 };
 
 // One dispatch decision: which backend ran a step and why each better one did not.

@@ -32,20 +32,20 @@ int64_t WgradState::bytes() const { return impl_ ? impl_->bytes() : 0; }
 
 namespace detail {
 
-OwnedTensor make_tensor(Device d, void* stream, DType t, std::initializer_list<int64_t> shape) {
+OwnedTensor make_tensor(const Options& opt, Device d, DType t, std::initializer_list<int64_t> shape) {
   OwnedTensor o;
   o.view = TensorView::of(nullptr, t, shape, d);
-  o.buf = allocate(d, o.view.bytes(), stream);
+  o.buf = allocate(d, o.view.bytes(), opt.stream, opt.allocator);
   o.view.data = o.buf.ptr;
   return o;
 }
 
-OwnedMxfp8 make_mxfp8(Device d, void* stream, int64_t rows, int64_t cols, BlockAxis axis, ScaleLayout layout,
+OwnedMxfp8 make_mxfp8(const Options& opt, Device d, int64_t rows, int64_t cols, BlockAxis axis, ScaleLayout layout,
                       int64_t experts) {
   OwnedMxfp8 o;
   const int64_t sbytes = axis == BlockAxis::row ? rowwise_scale_bytes(rows, cols) : colwise_scale_bytes(rows, cols, experts);
-  o.data = allocate(d, rows * cols, stream);
-  o.scales = allocate(d, sbytes, stream);
+  o.data = allocate(d, rows * cols, opt.stream, opt.allocator);
+  o.scales = allocate(d, sbytes, opt.stream, opt.allocator);
   o.view.data = TensorView::of(o.data.ptr, DType::e4m3, {rows, cols}, d);
   o.view.scales = TensorView::of(o.scales.ptr, DType::e8m0, {sbytes}, d);
   o.view.axis = axis;
@@ -55,12 +55,12 @@ OwnedMxfp8 make_mxfp8(Device d, void* stream, int64_t rows, int64_t cols, BlockA
 
 namespace {
 
-OwnedExpertMxfp8 make_expert_mxfp8(Device d, void* stream, int64_t experts, int64_t rows, int64_t cols,
+OwnedExpertMxfp8 make_expert_mxfp8(const Options& opt, Device d, int64_t experts, int64_t rows, int64_t cols,
                                    BlockAxis axis, ScaleLayout layout) {
   OwnedExpertMxfp8 o;
   const int64_t per = axis == BlockAxis::row ? rowwise_scale_bytes(rows, cols) : colwise_matrix_scale_bytes(rows, cols);
-  o.data = allocate(d, experts * rows * cols, stream);
-  o.scales = allocate(d, experts * per, stream);
+  o.data = allocate(d, experts * rows * cols, opt.stream, opt.allocator);
+  o.scales = allocate(d, experts * per, opt.stream, opt.allocator);
   o.operand.data.dense = TensorView::of(o.data.ptr, DType::e4m3, {experts, rows, cols}, d);
   o.operand.data.dtype = DType::e4m3;
   o.operand.scales.dense = TensorView::of(o.scales.ptr, DType::e8m0, {experts, per}, d);
@@ -80,7 +80,7 @@ WeightQuant plan_weight_quant(Context& ctx, Device d, const ExpertMatrices& w, i
                               int64_t cols, BlockAxis axis, const char* label) {
   WeightQuant q;
   q.backend = &select(ctx, {Step::quantize_experts, d, Recipe::mxfp8, rows, cols}, label);
-  q.out = make_expert_mxfp8(d, ctx.options().stream, experts, rows, cols, axis, ctx.options().scale_layout);
+  q.out = make_expert_mxfp8(ctx.options(), d, experts, rows, cols, axis, ctx.options().scale_layout);
   q.step = {w, experts, rows, cols, q.out.operand.data.dense, q.out.operand.scales.dense, axis, ctx.options().scale_layout};
   return q;
 }
@@ -145,7 +145,6 @@ SavedState forward(Context& ctx, const Problem& p, const ForwardArgs& a) {
   using namespace detail;
   validate_forward(p, a);
   const Device d = a.x.device;
-  void* stream = ctx.options().stream;
   const ScaleLayout layout = ctx.options().scale_layout;
   const int64_t E = p.experts, H = p.hidden, F = p.ffn, T = a.x.shape[0];
 
@@ -180,14 +179,14 @@ SavedState forward(Context& ctx, const Problem& p, const ForwardArgs& a) {
     WeightQuant w2q = plan_weight_quant(ctx, d, a.w2, E, H, F, BlockAxis::row, "quantize_w2");
     Backend& fc2_b = select(ctx, {Step::gemm_m, d, p.recipe, H, F}, "fc2_fprop");
 
-    OwnedMxfp8 x_row = make_mxfp8(d, stream, T, H, BlockAxis::row, layout, E);
-    s->x_col = make_mxfp8(d, stream, T, H, BlockAxis::col, layout, E);
+    OwnedMxfp8 x_row = make_mxfp8(ctx.options(), d, T, H, BlockAxis::row, layout, E);
+    s->x_col = make_mxfp8(ctx.options(), d, T, H, BlockAxis::col, layout, E);
     quant_x.quantize(ctx, {a.x, a.offsets, x_row.view, s->x_col.view});
     w1q.backend->quantize_experts(ctx, w1q.step);
 
-    s->c = make_tensor(d, stream, DType::bf16, {T, 2 * F});
-    OwnedMxfp8 a_row = make_mxfp8(d, stream, T, F, BlockAxis::row, layout, E);
-    s->a_col = make_mxfp8(d, stream, T, F, BlockAxis::col, layout, E);
+    s->c = make_tensor(ctx.options(), d, DType::bf16, {T, 2 * F});
+    OwnedMxfp8 a_row = make_mxfp8(ctx.options(), d, T, F, BlockAxis::row, layout, E);
+    s->a_col = make_mxfp8(ctx.options(), d, T, F, BlockAxis::col, layout, E);
     fc1.gemm.a = mx_op(x_row.view);
     fc1.gemm.b = w1q.out.operand;
     fc1.c = s->c.view;
@@ -202,8 +201,8 @@ SavedState forward(Context& ctx, const Problem& p, const ForwardArgs& a) {
   } else {
     Backend& fc1_b = select(ctx, {Step::gemm_m, d, p.recipe, 2 * F, H}, "fc1_fprop");
     Backend& fc2_b = select(ctx, {Step::gemm_m, d, p.recipe, H, F}, "fc2_fprop");
-    s->c = make_tensor(d, stream, DType::bf16, {T, 2 * F});
-    s->a_bf16 = make_tensor(d, stream, DType::bf16, {T, F});
+    s->c = make_tensor(ctx.options(), d, DType::bf16, {T, 2 * F});
+    s->a_bf16 = make_tensor(ctx.options(), d, DType::bf16, {T, F});
     fc1.gemm.a = bf16_op(a.x);
     fc1.gemm.b = bf16_operand(a.w1);
     fc1.c = s->c.view;
@@ -301,7 +300,6 @@ WgradState backward(Context& ctx, SavedState& saved, const BackwardArgs& a) {
   SavedImpl& s = saved.impl();
   const Problem& p = s.problem;
   const Device d = s.device;
-  void* stream = ctx.options().stream;
   const ScaleLayout layout = ctx.options().scale_layout;
   const int64_t E = p.experts, H = p.hidden, F = p.ffn, T = s.tokens;
   const ForwardArgs& r = s.refs;
@@ -329,15 +327,15 @@ WgradState backward(Context& ctx, SavedState& saved, const BackwardArgs& a) {
   // ---- dY: quantize (mxfp8) and FC2 bias gradients ----
   OwnedMxfp8 dy_row;
   if (mx) {
-    dy_row = make_mxfp8(d, stream, T, H, BlockAxis::row, layout, E);
-    w->dy_col = make_mxfp8(d, stream, T, H, BlockAxis::col, layout, E);
+    dy_row = make_mxfp8(ctx.options(), d, T, H, BlockAxis::row, layout, E);
+    w->dy_col = make_mxfp8(ctx.options(), d, T, H, BlockAxis::col, layout, E);
     quant_dy->quantize(ctx, {a.dy, r.offsets, dy_row.view, w->dy_col.view});
   } else {
     w->dy_bf16 = a.dy;
   }
   OwnedTensor dprob_add;
   if (bias_b) {
-    if (p.scale_fc2_bias) dprob_add = make_tensor(d, stream, DType::f32, {T});
+    if (p.scale_fc2_bias) dprob_add = make_tensor(ctx.options(), d, DType::f32, {T});
     bias_b->fc2_bias_grads(ctx, {a.dy, r.offsets, r.probs, r.b2, p.scale_fc2_bias, {a.grads.db2, a.grads.accumulate},
                                  dprob_add.view});
   }
@@ -358,14 +356,14 @@ WgradState backward(Context& ctx, SavedState& saved, const BackwardArgs& a) {
   OwnedMxfp8 dc_row;
   if (mx) {
     w2q.backend->quantize_experts(ctx, w2q.step);
-    dc_row = make_mxfp8(d, stream, T, 2 * F, BlockAxis::row, layout, E);
-    w->dc_col = make_mxfp8(d, stream, T, 2 * F, BlockAxis::col, layout, E);
+    dc_row = make_mxfp8(ctx.options(), d, T, 2 * F, BlockAxis::row, layout, E);
+    w->dc_col = make_mxfp8(ctx.options(), d, T, 2 * F, BlockAxis::col, layout, E);
     d2.gemm.a = mx_op(dy_row.view);
     d2.gemm.b = w2q.out.operand;
     d2.out_row = dc_row.view;
     d2.out_col = w->dc_col.view;
   } else {
-    w->dc_bf16 = make_tensor(d, stream, DType::bf16, {T, 2 * F});
+    w->dc_bf16 = make_tensor(ctx.options(), d, DType::bf16, {T, 2 * F});
     d2.gemm.a = bf16_op(a.dy);
     d2.gemm.b = bf16_operand(r.w2);
     d2.out_bf16 = w->dc_bf16.view;

@@ -12,7 +12,7 @@ struct OwnedTensor {
   TensorView view;
   int64_t bytes() const { return buf.ptr ? buf.bytes : 0; }
 };
-OwnedTensor make_tensor(Device d, void* stream, DType t, std::initializer_list<int64_t> shape);
+OwnedTensor make_tensor(const Options& o, Device d, DType t, std::initializer_list<int64_t> shape);
 
 // MXFP8 [rows, cols] with row-wise scales, or column-wise scales grouped over `experts` groups.
 struct OwnedMxfp8 {
@@ -20,7 +20,7 @@ struct OwnedMxfp8 {
   Mxfp8View view;
   int64_t bytes() const { return (data.ptr ? data.bytes : 0) + (scales.ptr ? scales.bytes : 0); }
 };
-OwnedMxfp8 make_mxfp8(Device d, void* stream, int64_t rows, int64_t cols, BlockAxis axis, ScaleLayout layout,
+OwnedMxfp8 make_mxfp8(const Options& o, Device d, int64_t rows, int64_t cols, BlockAxis axis, ScaleLayout layout,
                       int64_t experts);
 
 // Quantized copy of E weight matrices [rows, cols].

@@ -16,7 +16,9 @@ constexpr int64_t kHostAlign = 64;
 
 void release(Buffer& b) {
   if (!b.ptr) return;
-  if (b.device.type == DeviceType::cpu) {
+  if (b.allocator.set()) {
+    b.allocator.release(b.ptr, b.bytes, b.device, b.stream, b.allocator.user);
+  } else if (b.device.type == DeviceType::cpu) {
     std::free(b.ptr);
   } else {
 #if defined(MXMOE_WITH_CUDA)
@@ -34,6 +36,7 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
     bytes = o.bytes;
     device = o.device;
     stream = o.stream;
+    allocator = o.allocator;
     o.ptr = nullptr;
     o.bytes = 0;
   }
@@ -42,8 +45,13 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
 
 Buffer::~Buffer() { release(*this); }
 
-Buffer allocate(Device device, int64_t bytes, void* stream) {
+Buffer allocate(Device device, int64_t bytes, void* stream, const Allocator& allocator) {
   const int64_t n = bytes > 0 ? bytes : 1;
+  if (allocator.set()) {
+    void* p = allocator.allocate(n, device, stream, allocator.user);
+    if (!p) throw Error("options.allocator", "the caller's allocator returned null for " + std::to_string(bytes) + " bytes");
+    return Buffer(p, bytes, device, stream, allocator);
+  }
   if (device.type == DeviceType::cpu) {
     void* p = std::aligned_alloc(kHostAlign, static_cast<size_t>((n + kHostAlign - 1) / kHostAlign * kHostAlign));
     if (!p) throw Error("memory", "host allocation of " + std::to_string(bytes) + " bytes failed");

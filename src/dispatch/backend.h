@@ -96,7 +96,8 @@ struct Fc2BiasGradStep {
 // device memory for CUDA, which is legal inside CUDA-graph capture).
 struct Buffer {
   Buffer() = default;
-  Buffer(void* p, int64_t n, Device d, void* stream) : ptr(p), bytes(n), device(d), stream(stream) {}
+  Buffer(void* p, int64_t n, Device d, void* stream, Allocator a = {})
+      : ptr(p), bytes(n), device(d), stream(stream), allocator(a) {}
   Buffer(Buffer&& o) noexcept { *this = std::move(o); }
   Buffer& operator=(Buffer&& o) noexcept;
   Buffer(const Buffer&) = delete;
@@ -106,8 +107,9 @@ struct Buffer {
   int64_t bytes = 0;
   Device device{};
   void* stream = nullptr;
+  Allocator allocator{};  // the caller's, when Options::allocator is set
 };
-Buffer allocate(Device device, int64_t bytes, void* stream);
+Buffer allocate(Device device, int64_t bytes, void* stream, const Allocator& allocator = {});
 
 class Backend {
  public:

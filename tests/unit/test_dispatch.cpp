@@ -151,3 +151,37 @@ TEST(Dispatch, CpuBackendIsAlwaysAvailableForHostData) {
 
 }  // namespace
 }  // namespace mxmoe::test
+
+namespace mxmoe::test {
+namespace {
+
+struct CountingAllocator {
+  int64_t live_bytes = 0, peak_bytes = 0, calls = 0;
+  static void* allocate(int64_t bytes, Device, void*, void* user) {
+    auto* self = static_cast<CountingAllocator*>(user);
+    self->live_bytes += bytes;
+    self->peak_bytes = std::max(self->peak_bytes, self->live_bytes);
+    ++self->calls;
+    return std::malloc(static_cast<size_t>(bytes));
+  }
+  static void release(void* p, int64_t bytes, Device, void*, void* user) {
+    static_cast<CountingAllocator*>(user)->live_bytes -= bytes;
+    std::free(p);
+  }
+};
+
+TEST(Allocator, CallerAllocatorServesEveryLibraryBufferAndGetsThemBack) {
+  Problem p = small_problem(Recipe::mxfp8);
+  LayerData d = make_layer_data(p, {10, 0, 23});
+  CountingAllocator counter;
+  Context ctx(Options{.backend = "cpu", .allocator = {&CountingAllocator::allocate, &CountingAllocator::release, &counter}});
+  LayerOutputs with = run_layer(ctx, Device{}, d);
+  EXPECT_GT(counter.calls, 10);
+  EXPECT_GE(counter.peak_bytes, with.saved_bytes);
+  EXPECT_EQ(counter.live_bytes, 0);
+  Context plain(Options{.backend = "cpu"});
+  EXPECT_TRUE(bytes_equal(run_layer(plain, Device{}, d).dw1.view, with.dw1.view));
+}
+
+}  // namespace
+}  // namespace mxmoe::test

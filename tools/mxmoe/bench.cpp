@@ -182,8 +182,8 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, uint64_t seed, std::v
     return std::tuple{o, data, sc};
   };
   auto mk_act = [&](int64_t cols, const TensorView& src) {
-    OwnedMxfp8 r = make_mxfp8(fa.x.device, stream, T, cols, BlockAxis::row, layout, E);
-    OwnedMxfp8 c = make_mxfp8(fa.x.device, stream, T, cols, BlockAxis::col, layout, E);
+    OwnedMxfp8 r = make_mxfp8(ctx.options(), fa.x.device, T, cols, BlockAxis::row, layout, E);
+    OwnedMxfp8 c = make_mxfp8(ctx.options(), fa.x.device, T, cols, BlockAxis::col, layout, E);
     if (src.data) be.quantize(ctx, QuantizeArgs{src, fa.offsets, r.view, c.view});
     return std::pair{std::move(r), std::move(c)};
   };
@@ -203,9 +203,9 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, uint64_t seed, std::v
     o.data = w;
     return o;
   };
-  OwnedTensor c = make_tensor(fa.x.device, stream, DType::bf16, {T, 2 * F});
-  OwnedTensor a16 = make_tensor(fa.x.device, stream, DType::bf16, {T, F});
-  OwnedTensor dc16 = make_tensor(fa.x.device, stream, DType::bf16, {T, 2 * F});
+  OwnedTensor c = make_tensor(ctx.options(), fa.x.device, DType::bf16, {T, 2 * F});
+  OwnedTensor a16 = make_tensor(ctx.options(), fa.x.device, DType::bf16, {T, F});
+  OwnedTensor dc16 = make_tensor(ctx.options(), fa.x.device, DType::bf16, {T, 2 * F});
   auto aq = mk_act(F, {});
   auto dcq = mk_act(2 * F, {});
 

@@ -15,7 +15,7 @@ namespace mxmoe::cuda::portable {
 template <bool Fp8>
 struct KGemmConfig {
   static constexpr bool kFp8 = Fp8;
-  static constexpr int kStages = 4;
+  static constexpr int kStages = kFp8 ? 5 : 4;  // e4m3 tiles wait one stage less (decode ahead)
   using Mainloop = portable::Mainloop<kFp8, Major::mn, Major::mn, kStages>;
   static constexpr int kSmemBytes = Mainloop::kSmemBytes;
 };

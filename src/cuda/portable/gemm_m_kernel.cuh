@@ -19,7 +19,7 @@ struct MGemmConfig {
   static constexpr bool kFp8 = Fp8;
   static constexpr Major kBMajor = BMajor;
   static constexpr Epi kEpi = E;
-  static constexpr int kStages = 4;
+  static constexpr int kStages = kFp8 ? 5 : 4;  // e4m3 tiles wait one stage less (decode ahead)
   static constexpr int kGroupM = 8;  // m-tiles per rasterization group
   using Mainloop = portable::Mainloop<kFp8, Major::k, kBMajor, kStages>;
   // Output columns (N for store / glu_backward, GLU features for glu_forward) per CTA.

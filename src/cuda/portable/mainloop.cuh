@@ -6,7 +6,7 @@
 // of the MMAs every thread decodes one 16-byte chunk per operand (value * 2^(e-127), exact in BF16
 // for normal ranges) into a double-buffered bf16 tile, which ldmatrix then reads. The block scales
 // of tile j are loaded into registers when tile j's copies are issued and stored to shared memory
-// after that iteration's MMAs, which hides their latency behind the tensor-core work.
+// after the next iteration's MMAs, which hides their latency behind the tensor-core work.
 // One __syncthreads per K tile in both cases.
 //
 // Accumulator fragment element v of acc[mi][ni]: tile row wm*64 + mi*16 + lane/4 + 8*(v/2),
@@ -31,7 +31,7 @@ template <bool kFp8, Major kAMajor, Major kBMajor, int kStages>
 struct Mainloop {
   using LoadA = TileLoader<kAMajor, kFp8>;
   using LoadB = TileLoader<kBMajor, kFp8>;
-  static_assert(!kFp8 || kStages >= 3, "MXFP8 decodes one tile ahead: needs >= 3 stages");
+  static_assert(!kFp8 || kStages >= 4, "MXFP8 decodes one tile ahead and stores scales two behind: >= 4 stages");
   static constexpr int kBf16Tile = kTileMN * kTileK * 2;                           // bytes of one bf16 tile
   static constexpr int kStageBytes = LoadA::kTileBytes + LoadB::kTileBytes;         // (A, B) raw tiles
   static constexpr int kDecodedBytes = kFp8 ? 2 * 2 * kBf16Tile : 0;                // (buffer, operand) bf16
@@ -120,6 +120,11 @@ struct Mainloop {
       if (num_k_tiles > 0) decode(0);
     }
 
+    // MXFP8 scales of tile kt + kStages - 1 are loaded at iteration kt and stored one iteration
+    // later (end of kt + 1): two K tiles of MMAs hide an L2 miss. Needs kStages >= 4 so the slot
+    // written then is not the one the decode of that iteration reads.
+    float held_scale = 1.0f;
+    int held_tile = -1;
     for (int kt = 0; kt < num_k_tiles; ++kt) {
       cp_async_wait<kFp8 ? kStages - 3 : kStages - 2>();  // bf16: tile kt landed; e4m3: tile kt+1
       __syncthreads();
@@ -133,7 +138,6 @@ struct Mainloop {
       cp_async_commit();
       uint32_t a_tile, b_tile;
       if constexpr (kFp8) {
-        if (kt + 1 < num_k_tiles) decode(kt + 1);
         a_tile = smem_u32(decoded + (kt & 1) * 2 * kBf16Tile);
         b_tile = a_tile + kBf16Tile;
       } else {
@@ -143,7 +147,11 @@ struct Mainloop {
 #pragma unroll
       for (int kk = 0; kk < kTileK / 16; ++kk) mma_k16(acc, a_tile, b_tile, kk, f);
       if constexpr (kFp8) {
-        if (next < num_k_tiles) scales[(next % kStages) * 2 * kTileMN + scale_slot] = next_scale;
+        // Decoding the next tile after issuing this tile's MMAs lets the ALU work overlap them.
+        if (kt + 1 < num_k_tiles) decode(kt + 1);
+        if (held_tile >= 0) scales[(held_tile % kStages) * 2 * kTileMN + scale_slot] = held_scale;
+        held_scale = next_scale;
+        held_tile = next < num_k_tiles ? next : -1;
       }
     }
     cp_async_wait<0>();

@@ -1,0 +1,129 @@
+/* The stable C ABI of mxmoe: opaque handles, status codes, a thread-local last-error message, and
+ * a struct_size field first in every config struct so the structs can grow (the library accepts
+ * any struct_size >= the size of the first published version and ignores what it does not know).
+ * No C++ exception crosses this boundary. */
+#ifndef MXMOE_C_API_H
+#define MXMOE_C_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum mxmoe_status {
+  MXMOE_OK = 0,
+  MXMOE_ERROR_INVALID_ARGUMENT = 1, /* bad shape, dtype, offsets, alias, struct_size...; nothing written */
+  MXMOE_ERROR_UNAVAILABLE = 2,      /* no backend can run the call (reasons in the message) */
+  MXMOE_ERROR_CUDA = 3,
+  MXMOE_ERROR_INTERNAL = 4
+} mxmoe_status;
+
+typedef enum mxmoe_dtype {
+  MXMOE_F32 = 0, MXMOE_F64 = 1, MXMOE_BF16 = 2, MXMOE_E4M3 = 3, MXMOE_E8M0 = 4, MXMOE_I32 = 5, MXMOE_I64 = 6
+} mxmoe_dtype;
+typedef enum mxmoe_device_type { MXMOE_CPU = 0, MXMOE_CUDA = 1 } mxmoe_device_type;
+typedef enum mxmoe_recipe { MXMOE_RECIPE_BF16 = 0, MXMOE_RECIPE_MXFP8 = 1 } mxmoe_recipe;
+typedef enum mxmoe_activation { MXMOE_SWIGLU = 0, MXMOE_CLAMPED_SWIGLU = 1 } mxmoe_activation;
+typedef enum mxmoe_glu_layout { MXMOE_GLU_HALVES = 0, MXMOE_GLU_INTERLEAVE32 = 1 } mxmoe_glu_layout;
+typedef enum mxmoe_weight_layout { MXMOE_WEIGHTS_DENSE = 0, MXMOE_WEIGHTS_PER_EXPERT = 1 } mxmoe_weight_layout;
+
+/* A contiguous row-major tensor of rank 0..3. data == NULL and rank == 0 means "absent". */
+typedef struct mxmoe_tensor {
+  void* data;
+  int32_t dtype;       /* mxmoe_dtype */
+  int32_t rank;
+  int64_t shape[3];
+  int32_t device_type; /* mxmoe_device_type */
+  int32_t device_index;
+} mxmoe_tensor;
+
+typedef struct mxmoe_problem {
+  size_t struct_size;
+  int64_t hidden, ffn, experts;
+  int32_t activation;  /* mxmoe_activation */
+  float clamp_limit, clamp_alpha, clamp_linear_offset;
+  int32_t glu_layout;  /* mxmoe_glu_layout */
+  int32_t fc1_bias, fc2_bias, scale_fc2_bias;
+  int32_t recipe;        /* mxmoe_recipe */
+  int32_t weight_layout; /* mxmoe_weight_layout */
+} mxmoe_problem;
+
+/* Library memory (workspaces, saved state) from the caller; both NULL: the library's own. */
+typedef void* (*mxmoe_alloc_fn)(int64_t bytes, int32_t device_type, int32_t device_index, void* stream, void* user);
+typedef void (*mxmoe_free_fn)(void* ptr, int64_t bytes, int32_t device_type, int32_t device_index, void* stream,
+                              void* user);
+
+typedef struct mxmoe_options {
+  size_t struct_size;
+  const char* backend; /* force: "cpu", "cuda_portable", "cuda_sm90"; NULL = best available */
+  const char* deny;    /* comma-separated backends never to use; NULL = none */
+  int32_t swizzled_scales;
+  void* stream;        /* cudaStream_t; NULL = legacy default stream */
+  mxmoe_alloc_fn alloc;
+  mxmoe_free_fn free;
+  void* alloc_user;
+} mxmoe_options;
+
+/* Weights or weight grads of one FC: dense [E, out, in], or an i64 [E] table of addresses of
+ * [out, in] matrices of element type `dtype` (per-expert layout). */
+typedef struct mxmoe_experts {
+  mxmoe_tensor dense;
+  mxmoe_tensor pointers;
+  int32_t dtype;
+} mxmoe_experts;
+
+typedef struct mxmoe_forward_args {
+  size_t struct_size;
+  mxmoe_tensor x, offsets, probs;
+  mxmoe_experts w1;
+  mxmoe_tensor b1;
+  mxmoe_experts w2;
+  mxmoe_tensor b2;
+  mxmoe_tensor y;
+} mxmoe_forward_args;
+
+typedef struct mxmoe_weight_grads {
+  size_t struct_size;
+  mxmoe_experts dw1, dw2;
+  mxmoe_tensor db1, db2;
+  int32_t accumulate; /* 1: add into fp32 buffers (main grads); 0: overwrite */
+} mxmoe_weight_grads;
+
+typedef struct mxmoe_backward_args {
+  size_t struct_size;
+  mxmoe_tensor dy, dx, dprobs;
+  mxmoe_weight_grads grads;
+  int32_t deferred_wgrad; /* 1: dW later through mxmoe_compute_wgrad */
+} mxmoe_backward_args;
+
+typedef struct mxmoe_context_s* mxmoe_context;
+typedef struct mxmoe_saved_s* mxmoe_saved;
+typedef struct mxmoe_wgrad_s* mxmoe_wgrad;
+
+const char* mxmoe_version(void);
+/* The message of the last failed call on this thread ("" if none). Valid until the next call. */
+const char* mxmoe_last_error(void);
+
+mxmoe_status mxmoe_context_create(const mxmoe_options* options, mxmoe_context* out);
+void mxmoe_context_destroy(mxmoe_context ctx);
+/* The backend that ran `step` ("fc1_fprop", "fc2_wgrad", ...) in the last calls, or NULL. */
+const char* mxmoe_context_step_backend(mxmoe_context ctx, const char* step);
+
+mxmoe_status mxmoe_forward(mxmoe_context ctx, const mxmoe_problem* problem, const mxmoe_forward_args* args,
+                           mxmoe_saved* saved_out);
+int64_t mxmoe_saved_bytes(mxmoe_saved saved);
+void mxmoe_saved_destroy(mxmoe_saved saved);
+
+/* Consumes the saved state's contents (the handle must still be destroyed). With deferred_wgrad,
+ * *wgrad_out receives the operands of the weight gradients; else it is set to NULL. */
+mxmoe_status mxmoe_backward(mxmoe_context ctx, mxmoe_saved saved, const mxmoe_backward_args* args,
+                            mxmoe_wgrad* wgrad_out);
+mxmoe_status mxmoe_compute_wgrad(mxmoe_context ctx, mxmoe_wgrad wgrad, const mxmoe_weight_grads* grads);
+void mxmoe_wgrad_destroy(mxmoe_wgrad wgrad);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MXMOE_C_API_H */

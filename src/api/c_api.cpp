@@ -1,0 +1,251 @@
+// The C ABI over the C++ API: translate structs, catch every exception, map it to a status code
+// and keep its message for mxmoe_last_error().
+#include "mxmoe/c_api.h"
+
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "mxmoe/mxmoe.h"
+
+namespace {
+// The C allocator callbacks, adapted to mxmoe::Allocator; owned by the context so it outlives
+// every buffer the context hands out.
+struct AllocBridge {
+  mxmoe_alloc_fn alloc = nullptr;
+  mxmoe_free_fn free = nullptr;
+  void* user = nullptr;
+};
+void* bridge_alloc(int64_t bytes, mxmoe::Device d, void* stream, void* user) {
+  auto* b = static_cast<AllocBridge*>(user);
+  return b->alloc(bytes, static_cast<int32_t>(d.type), d.index, stream, b->user);
+}
+void bridge_free(void* p, int64_t bytes, mxmoe::Device d, void* stream, void* user) {
+  auto* b = static_cast<AllocBridge*>(user);
+  b->free(p, bytes, static_cast<int32_t>(d.type), d.index, stream, b->user);
+}
+mxmoe::Options with_bridge(mxmoe::Options o, AllocBridge* b) {
+  if (b->alloc) o.allocator = {&bridge_alloc, &bridge_free, b};
+  return o;
+}
+}  // namespace
+
+struct mxmoe_context_s {
+  std::unique_ptr<AllocBridge> bridge;  // declared first: constructed before, destroyed after ctx
+  mxmoe::Context ctx;
+  std::string last_backend;
+  mxmoe_context_s(std::unique_ptr<AllocBridge> b, mxmoe::Options o)
+      : bridge(std::move(b)), ctx(with_bridge(std::move(o), bridge.get())) {}
+};
+struct mxmoe_saved_s {
+  mxmoe::SavedState state;
+};
+struct mxmoe_wgrad_s {
+  mxmoe::WgradState state;
+};
+
+namespace {
+
+using namespace mxmoe;
+
+thread_local std::string g_last_error;
+
+mxmoe_status fail(mxmoe_status s, const std::string& msg) {
+  g_last_error = msg;
+  return s;
+}
+
+// Runs `f`, mapping exceptions to status codes; nothing escapes.
+template <class F>
+mxmoe_status guarded(F&& f) {
+  try {
+    g_last_error.clear();
+    f();
+    return MXMOE_OK;
+  } catch (const Error& e) {
+    const std::string& arg = e.argument();
+    if (arg == "cuda") return fail(MXMOE_ERROR_CUDA, e.what());
+    if (arg == "backend" || (arg == "options.backend" && std::string(e.what()).find("cannot run") != std::string::npos))
+      return fail(MXMOE_ERROR_UNAVAILABLE, e.what());
+    return fail(MXMOE_ERROR_INVALID_ARGUMENT, e.what());
+  } catch (const std::exception& e) {
+    return fail(MXMOE_ERROR_INTERNAL, e.what());
+  } catch (...) {
+    return fail(MXMOE_ERROR_INTERNAL, "unknown error");
+  }
+}
+
+void check_struct(size_t got, size_t want, const char* name) {
+  if (got < want)
+    throw Error(std::string(name) + ".struct_size", "is " + std::to_string(got) + ", this library needs at least " +
+                                                        std::to_string(want));
+}
+
+template <class T>
+void check_enum(int32_t v, int32_t max, const char* name) {
+  if (v < 0 || v > max) throw Error(name, "value " + std::to_string(v) + " is not a valid enumerator");
+}
+
+TensorView view(const mxmoe_tensor& t, const char* name) {
+  if (t.rank == 0 && t.data == nullptr) return {};
+  if (t.rank < 0 || t.rank > 3) throw Error(name, "rank " + std::to_string(t.rank) + " must be 0..3");
+  check_enum<DType>(t.dtype, MXMOE_I64, name);
+  check_enum<DeviceType>(t.device_type, MXMOE_CUDA, name);
+  TensorView v;
+  v.data = t.data;
+  v.dtype = static_cast<DType>(t.dtype);
+  v.rank = t.rank;
+  for (int d = 0; d < t.rank; ++d) v.shape[d] = t.shape[d];
+  v.device = Device{static_cast<DeviceType>(t.device_type), t.device_index};
+  return v;
+}
+
+ExpertMatrices experts(const mxmoe_experts& e, const char* name) {
+  ExpertMatrices m;
+  m.dense = view(e.dense, name);
+  m.pointers = view(e.pointers, name);
+  m.dtype = m.pointers.data ? static_cast<DType>(e.dtype) : m.dense.dtype;
+  return m;
+}
+
+Problem problem(const mxmoe_problem& p) {
+  check_struct(p.struct_size, sizeof(mxmoe_problem), "problem");
+  check_enum<Activation>(p.activation, MXMOE_CLAMPED_SWIGLU, "problem.activation");
+  check_enum<GluLayout>(p.glu_layout, MXMOE_GLU_INTERLEAVE32, "problem.glu_layout");
+  check_enum<Recipe>(p.recipe, MXMOE_RECIPE_MXFP8, "problem.recipe");
+  check_enum<WeightLayout>(p.weight_layout, MXMOE_WEIGHTS_PER_EXPERT, "problem.weight_layout");
+  Problem q;
+  q.hidden = p.hidden;
+  q.ffn = p.ffn;
+  q.experts = p.experts;
+  q.activation = p.activation == MXMOE_SWIGLU ? Activation::swiglu : Activation::clamped_swiglu;
+  q.clamp = {p.clamp_limit, p.clamp_alpha, p.clamp_linear_offset};
+  q.glu_layout = p.glu_layout == MXMOE_GLU_HALVES ? GluLayout::halves : GluLayout::interleave32;
+  q.fc1_bias = p.fc1_bias != 0;
+  q.fc2_bias = p.fc2_bias != 0;
+  q.scale_fc2_bias = p.scale_fc2_bias != 0;
+  q.recipe = p.recipe == MXMOE_RECIPE_MXFP8 ? Recipe::mxfp8 : Recipe::bf16;
+  q.weight_layout = p.weight_layout == MXMOE_WEIGHTS_DENSE ? WeightLayout::dense : WeightLayout::per_expert;
+  return q;
+}
+
+WeightGrads grads(const mxmoe_weight_grads& g) {
+  check_struct(g.struct_size, sizeof(mxmoe_weight_grads), "grads");
+  WeightGrads w;
+  w.dw1 = experts(g.dw1, "grads.dw1");
+  w.dw2 = experts(g.dw2, "grads.dw2");
+  w.db1 = view(g.db1, "grads.db1");
+  w.db2 = view(g.db2, "grads.db2");
+  w.accumulate = g.accumulate != 0;
+  return w;
+}
+
+template <class P>
+void require(const P* p, const char* name) {
+  if (!p) throw Error(name, "is NULL");
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* mxmoe_version(void) { return mxmoe::version(); }
+const char* mxmoe_last_error(void) { return g_last_error.c_str(); }
+
+mxmoe_status mxmoe_context_create(const mxmoe_options* o, mxmoe_context* out) {
+  return guarded([&] {
+    require(out, "out");
+    *out = nullptr;
+    Options opt;
+    auto bridge = std::make_unique<AllocBridge>();
+    if (o) {
+      check_struct(o->struct_size, sizeof(mxmoe_options), "options");
+      if (o->backend) opt.backend = o->backend;
+      if (o->deny) {
+        std::stringstream ss(o->deny);
+        std::string item;
+        while (std::getline(ss, item, ','))
+          if (!item.empty()) opt.deny.push_back(item);
+      }
+      opt.scale_layout = o->swizzled_scales ? ScaleLayout::swizzled : ScaleLayout::compact;
+      opt.stream = o->stream;
+      if ((o->alloc == nullptr) != (o->free == nullptr))
+        throw Error("options.alloc", "alloc and free must both be set or both be NULL");
+      *bridge = {o->alloc, o->free, o->alloc_user};
+    }
+    *out = new mxmoe_context_s(std::move(bridge), std::move(opt));
+  });
+}
+
+void mxmoe_context_destroy(mxmoe_context ctx) { delete ctx; }
+
+const char* mxmoe_context_step_backend(mxmoe_context ctx, const char* step) {
+  if (!ctx || !step) return nullptr;
+  for (const StepRecord& r : ctx->ctx.report())
+    if (r.step == step) {
+      ctx->last_backend = r.backend;
+      return ctx->last_backend.c_str();
+    }
+  return nullptr;
+}
+
+mxmoe_status mxmoe_forward(mxmoe_context ctx, const mxmoe_problem* p, const mxmoe_forward_args* a,
+                           mxmoe_saved* saved_out) {
+  return guarded([&] {
+    require(ctx, "ctx");
+    require(p, "problem");
+    require(a, "args");
+    require(saved_out, "saved_out");
+    *saved_out = nullptr;
+    check_struct(a->struct_size, sizeof(mxmoe_forward_args), "args");
+    ForwardArgs f;
+    f.x = view(a->x, "x");
+    f.offsets.offsets = view(a->offsets, "offsets");
+    f.probs = view(a->probs, "probs");
+    f.w1 = experts(a->w1, "w1");
+    f.b1 = view(a->b1, "b1");
+    f.w2 = experts(a->w2, "w2");
+    f.b2 = view(a->b2, "b2");
+    f.y = view(a->y, "y");
+    const Problem q = problem(*p);
+    ctx->ctx.clear_report();
+    auto* s = new mxmoe_saved_s{forward(ctx->ctx, q, f)};
+    *saved_out = s;
+  });
+}
+
+int64_t mxmoe_saved_bytes(mxmoe_saved saved) { return saved ? saved->state.bytes() : 0; }
+void mxmoe_saved_destroy(mxmoe_saved saved) { delete saved; }
+
+mxmoe_status mxmoe_backward(mxmoe_context ctx, mxmoe_saved saved, const mxmoe_backward_args* a,
+                            mxmoe_wgrad* wgrad_out) {
+  return guarded([&] {
+    require(ctx, "ctx");
+    require(saved, "saved");
+    require(a, "args");
+    if (wgrad_out) *wgrad_out = nullptr;
+    check_struct(a->struct_size, sizeof(mxmoe_backward_args), "args");
+    if (a->deferred_wgrad && !wgrad_out) throw Error("wgrad_out", "is NULL but deferred_wgrad is set");
+    BackwardArgs b;
+    b.dy = view(a->dy, "dy");
+    b.dx = view(a->dx, "dx");
+    b.dprobs = view(a->dprobs, "dprobs");
+    b.grads = grads(a->grads);
+    b.wgrad = a->deferred_wgrad ? WgradMode::deferred : WgradMode::now;
+    WgradState w = backward(ctx->ctx, saved->state, b);
+    if (a->deferred_wgrad) *wgrad_out = new mxmoe_wgrad_s{std::move(w)};
+  });
+}
+
+mxmoe_status mxmoe_compute_wgrad(mxmoe_context ctx, mxmoe_wgrad wgrad, const mxmoe_weight_grads* g) {
+  return guarded([&] {
+    require(ctx, "ctx");
+    require(wgrad, "wgrad");
+    require(g, "grads");
+    compute_wgrad(ctx->ctx, wgrad->state, grads(*g));
+  });
+}
+
+void mxmoe_wgrad_destroy(mxmoe_wgrad wgrad) { delete wgrad; }
+
+}  // extern "C"

@@ -76,11 +76,11 @@ struct Mainloop {
       for (int ni = 0; ni < 4; ++ni) mma_bf16_16816(acc[mi][ni], af[mi], bfrag[ni]);
   }
 
-  // acc += A_tile . B_tile^T over num_k_tiles K tiles. scale_a/scale_b: MXFP8 scale addressing;
-  // scale_mn: this thread's global MN index for the scale it loads (thread t loads operand t/128's
+  // acc += A_tile . B_tile^T over num_k_tiles K tiles. scale_addr: MXFP8 scale addressing of the
+  // operand whose scale this thread loads; scale_mn: this thread's global MN index for the scale it loads (thread t loads operand t/128's
   // scale of tile-local MN index t%128), -1 outside. Leaves shared memory free for the epilogue.
   static __device__ __forceinline__ void run(Accum& acc, uint8_t* smem, const LoadA& la, const LoadB& lb,
-                                             int num_k_tiles, const ScaleAddr& scale, int64_t scale_mn) {
+                                             int num_k_tiles, const ScaleAddr& scale_addr, int64_t scale_mn) {
 #pragma unroll
     for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
@@ -95,7 +95,8 @@ struct Mainloop {
     uint8_t* decoded = smem + kStages * kStageBytes;                                  // (2, 2, kBf16Tile)
     float* scales = reinterpret_cast<float*>(smem + kStages * kStageBytes + kDecodedBytes);  // (S, 2, 128)
     const int scale_slot = threadIdx.x;  // operand * 128 + mn
-    auto load_scale = [&](int kt) { return scale_mn < 0 ? 1.0f : scale.load(scale_mn, kt); };
+    ScaleStream scale;
+    if constexpr (kFp8) scale.init(scale_addr, scale_mn);
     auto decode = [&](int kt) {
       const int s = kt % kStages;
       const uint8_t* raw = smem + s * kStageBytes;
@@ -110,7 +111,7 @@ struct Mainloop {
       if (s < num_k_tiles) {
         la.issue(stage_a(s), s * kTileK);
         lb.issue(stage_b(s), s * kTileK);
-        if constexpr (kFp8) scales[s * 2 * kTileMN + scale_slot] = load_scale(s);
+        if constexpr (kFp8) scales[s * 2 * kTileMN + scale_slot] = ScaleStream::decode(scale.fetch(s));
       }
       cp_async_commit();
     }
@@ -123,17 +124,17 @@ struct Mainloop {
     // MXFP8 scales of tile kt + kStages - 1 are loaded at iteration kt and stored one iteration
     // later (end of kt + 1): two K tiles of MMAs hide an L2 miss. Needs kStages >= 4 so the slot
     // written then is not the one the decode of that iteration reads.
-    float held_scale = 1.0f;
+    ScaleStream::Raw held_scale{127u, 0u};
     int held_tile = -1;
     for (int kt = 0; kt < num_k_tiles; ++kt) {
       cp_async_wait<kFp8 ? kStages - 3 : kStages - 2>();  // bf16: tile kt landed; e4m3: tile kt+1
       __syncthreads();
       const int next = kt + kStages - 1;
-      float next_scale = 1.0f;
+      ScaleStream::Raw next_scale{127u, 0u};
       if (next < num_k_tiles) {
         la.issue(stage_a(next % kStages), next * kTileK);
         lb.issue(stage_b(next % kStages), next * kTileK);
-        if constexpr (kFp8) next_scale = load_scale(next);
+        if constexpr (kFp8) next_scale = scale.fetch(next);
       }
       cp_async_commit();
       uint32_t a_tile, b_tile;
@@ -149,7 +150,9 @@ struct Mainloop {
       if constexpr (kFp8) {
         // Decoding the next tile after issuing this tile's MMAs lets the ALU work overlap them.
         if (kt + 1 < num_k_tiles) decode(kt + 1);
-        if (held_tile >= 0) scales[(held_tile % kStages) * 2 * kTileMN + scale_slot] = held_scale;
+        if (held_tile >= 0) {
+          scales[(held_tile % kStages) * 2 * kTileMN + scale_slot] = ScaleStream::decode(held_scale);
+        }
         held_scale = next_scale;
         held_tile = next < num_k_tiles ? next : -1;
       }

@@ -33,10 +33,51 @@ struct ScaleAddr {
   BlockAxis axis = BlockAxis::row;
   ScaleLayout layout = ScaleLayout::compact;
 
-  __device__ __forceinline__ float load(int64_t mn, int64_t kb) const {
-    const int64_t i = axis == BlockAxis::row ? rowwise_scale_index(mn, kb, cols, layout)
-                                             : colwise_scale_index(chunk_row, group_rows, kb, mn, cols, layout);
-    return e8m0_to_f32(__ldg(base + i));
+  __device__ __forceinline__ int64_t index(int64_t mn, int64_t kb) const {
+    return axis == BlockAxis::row ? rowwise_scale_index(mn, kb, cols, layout)
+                                  : colwise_scale_index(chunk_row, group_rows, kb, mn, cols, layout);
+  }
+};
+
+// The scales of one MN index over successive K blocks. In every layout of mxfp8_layout.h the index
+// is index(mn, 0) + (kb / 4) * s4 + (kb % 4) * s1; where s1 == 1 (row-wise, and swizzled column-wise)
+// the 4 scales of kb = 4q..4q+3 are one aligned 32-bit word, fetched once per 4 K tiles.
+// NOTE: a warp's 32 row-wise byte loads touch 32 different sectors; the word loads cut that L1
+// traffic by 4, which matters because the MXFP8 mainloop is L1/shared-memory bound.
+struct ScaleStream {
+  const uint8_t* p0 = nullptr;  // scale of (mn, kb = 0); nullptr: outside the matrix (reads 1.0)
+  int64_t s4 = 0, s1 = 0;
+  bool words = false;
+  uint32_t word = 0;
+  int word_q = -1;
+
+  __device__ __forceinline__ void init(const ScaleAddr& a, int64_t mn) {
+    if (mn < 0) return;
+    p0 = a.base + a.index(mn, 0);
+    const bool compact_col = a.axis == BlockAxis::col && a.layout == ScaleLayout::compact;
+    s1 = compact_col ? colwise_scale_row_bytes(a.cols) : 1;
+    s4 = compact_col ? 4 * s1 : (a.layout == ScaleLayout::compact ? 4 : 512);
+    words = s1 == 1 && (reinterpret_cast<uintptr_t>(p0) & 3) == 0;
+  }
+  // Raw scale of block kb as (word, shift); its consumer, decode(), runs an iteration later in the
+  // mainloop, so the load latency stays hidden.
+  struct Raw {
+    uint32_t word;
+    uint32_t shift;
+  };
+  __device__ __forceinline__ Raw fetch(int kb) {
+    if (p0 == nullptr) return {127u, 0u};
+    if (words) {
+      if ((kb >> 2) != word_q) {
+        word_q = kb >> 2;
+        word = __ldg(reinterpret_cast<const uint32_t*>(p0 + word_q * s4));
+      }
+      return {word, static_cast<uint32_t>(kb & 3) * 8u};
+    }
+    return {__ldg(p0 + (kb >> 2) * s4 + (kb & 3) * s1), 0u};
+  }
+  static __device__ __forceinline__ float decode(Raw r) {
+    return e8m0_to_f32(static_cast<uint8_t>(r.word >> r.shift));
   }
 };
 
@@ -94,42 +135,41 @@ struct TileLoader {
   }
 };
 
-// Decodes this thread's share of a staged e4m3 tile (one 16-byte chunk) into the bf16 tile, each
-// value times its block scale. `scales` holds the tile's 128 decoded scales by tile-local MN index.
+// Decodes this thread's share of a staged e4m3 tile into the bf16 tile, each value times its block
+// scale. `scales` holds the tile's 128 decoded scales by tile-local MN index.
+//   K-major  (128 rows, 32 k): thread = (row t/2, 16 k): one scale, one 16-byte read, two 16-byte
+//   writes.
+//   MN-major (32 k, 128 mn): thread = (4 k rows from 4*(t/32), 4 mn from 4*(t%32)): one float4 of
+//   scales, four conflict-free 4-byte row reads, four 8-byte writes (a warp writes whole rows).
 template <Major kMajor>
 __device__ __forceinline__ void decode_e4m3_chunk(const uint8_t* staged, const float* scales, uint8_t* bf16_tile) {
   const int t = threadIdx.x;
-  int row, c;
   if constexpr (kMajor == Major::k) {
-    row = t >> 1, c = t & 1;  // (128 rows, 2 chunks of 16 k)
-  } else {
-    row = t >> 3, c = t & 7;  // (32 k rows, 8 chunks of 16 mn)
-  }
-  const uint4 raw = *reinterpret_cast<const uint4*>(staged + (kMajor == Major::k ? row * 32 : row * 128) + c * 16);
-  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-  uint32_t out[8];
-  if constexpr (kMajor == Major::k) {
+    const int row = t >> 1, c = t & 1;
+    const uint4 raw = *reinterpret_cast<const uint4*>(staged + row * kTileK + c * 16);
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
     const float s = scales[row];
+    uint32_t out[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const float2 v = e4m3x2_to_f32(w[j >> 1] >> ((j & 1) * 16));
       out[j] = pack_bf16x2(v.x * s, v.y * s);
     }
+    *reinterpret_cast<uint4*>(bf16_tile + kmajor_offset(row, 2 * c)) = make_uint4(out[0], out[1], out[2], out[3]);
+    *reinterpret_cast<uint4*>(bf16_tile + kmajor_offset(row, 2 * c + 1)) = make_uint4(out[4], out[5], out[6], out[7]);
   } else {
-    const float4* s4 = reinterpret_cast<const float4*>(scales + c * 16);
+    const int rg = t >> 5, cg = t & 31;
+    const float4 s = *reinterpret_cast<const float4*>(scales + 4 * cg);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const float4 s = s4[q];
-      const float2 v0 = e4m3x2_to_f32(w[q]);
-      const float2 v1 = e4m3x2_to_f32(w[q] >> 16);
-      out[2 * q] = pack_bf16x2(v0.x * s.x, v0.y * s.y);
-      out[2 * q + 1] = pack_bf16x2(v1.x * s.z, v1.y * s.w);
+    for (int i = 0; i < 4; ++i) {
+      const int k = 4 * rg + i;
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(staged + k * kTileMN + 4 * cg);
+      const float2 v0 = e4m3x2_to_f32(w);
+      const float2 v1 = e4m3x2_to_f32(w >> 16);
+      *reinterpret_cast<uint2*>(bf16_tile + mnmajor_offset(k, cg >> 1) + (cg & 1) * 8) =
+          make_uint2(pack_bf16x2(v0.x * s.x, v0.y * s.y), pack_bf16x2(v1.x * s.z, v1.y * s.w));
     }
   }
-  const uint32_t o0 = kMajor == Major::k ? kmajor_offset(row, 2 * c) : mnmajor_offset(row, 2 * c);
-  const uint32_t o1 = kMajor == Major::k ? kmajor_offset(row, 2 * c + 1) : mnmajor_offset(row, 2 * c + 1);
-  *reinterpret_cast<uint4*>(bf16_tile + o0) = make_uint4(out[0], out[1], out[2], out[3]);
-  *reinterpret_cast<uint4*>(bf16_tile + o1) = make_uint4(out[4], out[5], out[6], out[7]);
 }
 
 }  // namespace mxmoe::cuda::portable

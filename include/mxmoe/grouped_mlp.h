@@ -93,4 +93,32 @@ WgradState backward(Context& ctx, SavedState& saved, const BackwardArgs& args);
 // Computes dW1 and dW2 from a deferred backward into `grads` (db are not touched here).
 void compute_wgrad(Context& ctx, WgradState& state, const WeightGrads& grads);
 
+// ---- Caller-owned state, for frameworks whose autograd keeps the tensors (PyTorch) ----
+// What forward keeps for backward, and a deferred backward for compute_wgrad(), in caller memory.
+// T tokens; column-wise scales are colwise_scale_bytes(T, cols, E) bytes, layout as
+// Options::scale_layout. Members a recipe does not use stay empty.
+struct StateBuffers {
+  TensorView c;      // bf16 [T, 2F] FC1 output                forward -> backward
+  TensorView a;      // bf16 recipe: A [T, F]                  forward -> wgrad
+  Mxfp8View x_col;   // mxfp8: X [T, H] column-wise            forward -> wgrad
+  Mxfp8View a_col;   // mxfp8: A [T, F] column-wise            forward -> wgrad
+  TensorView dc;     // bf16 recipe: dC [T, 2F]                deferred backward -> wgrad
+  Mxfp8View dy_col;  // mxfp8: dY [T, H] column-wise           deferred backward -> wgrad
+  Mxfp8View dc_col;  // mxfp8: dC [T, 2F] column-wise          deferred backward -> wgrad
+};
+
+// forward() writing what it saves into `saved` (c, a or x_col and a_col); the SavedState it returns
+// owns none of that memory.
+SavedState forward(Context& ctx, const Problem& problem, const ForwardArgs& args, const StateBuffers& saved);
+// The SavedState of such a forward, rebuilt from its inputs (inputs.y unused; inputs.x may be empty
+// for mxfp8, whose backward needs only x_col) and the buffers it filled.
+SavedState restore_saved_state(const Problem& problem, const ForwardArgs& inputs, const StateBuffers& saved);
+// backward() with args.wgrad == deferred writing its wgrad operands into `state` (dc, or dy_col and
+// dc_col); the WgradState it returns owns none of that memory.
+WgradState backward(Context& ctx, SavedState& saved, const BackwardArgs& args, const StateBuffers& state);
+// The WgradState of such a backward: inputs.offsets (and inputs.x and dy for bf16), the forward's
+// a / x_col, a_col and the deferred backward's dc / dy_col, dc_col.
+WgradState restore_wgrad_state(const Problem& problem, const ForwardArgs& inputs, const TensorView& dy,
+                               const StateBuffers& state);
+
 }  // namespace mxmoe

@@ -117,12 +117,11 @@ int64_t tokens_of(const TensorView& x, const char* name, int64_t cols) {
   return x.shape[0];
 }
 
-void validate_forward(const Problem& p, const ForwardArgs& a) {
+// Every input of a forward with T tokens on `d`; x may be absent when !need_x (a restored mxfp8 state).
+void validate_inputs(const Problem& p, const ForwardArgs& a, int64_t T, Device d, bool need_x) {
   validate_problem(p);
-  const Device d = a.x.device;
   const int64_t E = p.experts, H = p.hidden, F = p.ffn;
-  const int64_t T = tokens_of(a.x, "x", H);
-  check_tensor(a.x, "x", DType::bf16, {T, H}, d);
+  if (need_x || a.x.data) check_tensor(a.x, "x", DType::bf16, {T, H}, d);
   check_offsets(a.offsets, "offsets", E, T, d);
   check_tensor(a.probs, "probs", DType::f32, {T}, d);
   check_weight_layout(p, a.w1, "w1");
@@ -131,19 +130,127 @@ void validate_forward(const Problem& p, const ForwardArgs& a) {
   check_experts(a.w2, "w2", {DType::bf16}, E, H, F, d);
   check_bias(p.fc1_bias, a.b1, "b1", "fc1_bias", E, 2 * F, d);
   check_bias(p.fc2_bias, a.b2, "b2", "fc2_bias", E, H, d);
-  check_tensor(a.y, "y", DType::bf16, {T, H}, d);
-  check_no_alias({region("y", a.y)},
-                 {region("x", a.x), region("offsets", a.offsets.offsets), region("probs", a.probs),
-                  region("w1", a.w1.dense), region("w1.pointers", a.w1.pointers), region("b1", a.b1),
-                  region("w2", a.w2.dense), region("w2.pointers", a.w2.pointers), region("b2", a.b2)});
 }
+
+std::vector<Region> input_regions(const ForwardArgs& a) {
+  return {region("x", a.x),   region("offsets", a.offsets.offsets), region("probs", a.probs),
+          region("w1", a.w1.dense), region("w1.pointers", a.w1.pointers), region("b1", a.b1),
+          region("w2", a.w2.dense), region("w2.pointers", a.w2.pointers), region("b2", a.b2)};
+}
+
+OwnedTensor borrowed(const TensorView& v) {
+  OwnedTensor o;
+  o.view = v;
+  return o;
+}
+OwnedMxfp8 borrowed(const Mxfp8View& v) {
+  OwnedMxfp8 o;
+  o.view = v;
+  return o;
+}
+
+void check_state_mxfp8(const Mxfp8View& v, const std::string& name, int64_t T, int64_t cols, int64_t E,
+                       ScaleLayout layout, Device d) {
+  check_mxfp8(v, name, T, cols, BlockAxis::col, colwise_scale_bytes(T, cols, E), d);
+  if (v.layout != layout)
+    throw Error(name + ".layout", "must be the scale layout of the other state tensors and of the context");
+}
+
+// The members of StateBuffers forward fills, for the recipe.
+void check_saved_buffers(const Problem& p, const StateBuffers& s, int64_t T, ScaleLayout layout, Device d) {
+  check_tensor(s.c, "saved.c", DType::bf16, {T, 2 * p.ffn}, d);
+  if (p.recipe == Recipe::mxfp8) {
+    check_state_mxfp8(s.x_col, "saved.x_col", T, p.hidden, p.experts, layout, d);
+    check_state_mxfp8(s.a_col, "saved.a_col", T, p.ffn, p.experts, layout, d);
+  } else {
+    check_tensor(s.a, "saved.a", DType::bf16, {T, p.ffn}, d);
+  }
+}
+
+// The members a deferred backward fills.
+void check_deferred_buffers(const Problem& p, const StateBuffers& s, int64_t T, ScaleLayout layout, Device d) {
+  if (p.recipe == Recipe::mxfp8) {
+    check_state_mxfp8(s.dy_col, "state.dy_col", T, p.hidden, p.experts, layout, d);
+    check_state_mxfp8(s.dc_col, "state.dc_col", T, 2 * p.ffn, p.experts, layout, d);
+  } else {
+    check_tensor(s.dc, "state.dc", DType::bf16, {T, 2 * p.ffn}, d);
+  }
+}
+
+void add_regions(std::vector<Region>& out, const std::string& name, const Mxfp8View& v) {
+  out.push_back(region(name + ".data", v.data));
+  out.push_back(region(name + ".scales", v.scales));
+}
+
+std::vector<Region> saved_buffer_regions(const StateBuffers& s) {
+  std::vector<Region> r = {region("saved.c", s.c), region("saved.a", s.a)};
+  add_regions(r, "saved.x_col", s.x_col);
+  add_regions(r, "saved.a_col", s.a_col);
+  return r;
+}
+
+std::vector<Region> deferred_buffer_regions(const StateBuffers& s) {
+  std::vector<Region> r = {region("state.dc", s.dc)};
+  add_regions(r, "state.dy_col", s.dy_col);
+  add_regions(r, "state.dc_col", s.dc_col);
+  return r;
+}
+
+void validate_forward(const Problem& p, const ForwardArgs& a, const StateBuffers* into, ScaleLayout layout) {
+  validate_problem(p);  // first: a bad problem is reported before what it makes of x's shape
+  const Device d = a.x.device;
+  const int64_t T = tokens_of(a.x, "x", p.hidden);
+  validate_inputs(p, a, T, d, true);
+  check_tensor(a.y, "y", DType::bf16, {T, p.hidden}, d);
+  std::vector<Region> outs = {region("y", a.y)};
+  if (into) {
+    check_saved_buffers(p, *into, T, layout, d);
+    for (const Region& r : saved_buffer_regions(*into)) outs.push_back(r);
+  }
+  check_no_alias(outs, input_regions(a));
+}
+
+SavedState forward_impl(Context& ctx, const Problem& p, const ForwardArgs& a, const StateBuffers* into);
 
 }  // namespace
 }  // namespace detail
 
 SavedState forward(Context& ctx, const Problem& p, const ForwardArgs& a) {
+  return detail::forward_impl(ctx, p, a, nullptr);
+}
+
+SavedState forward(Context& ctx, const Problem& p, const ForwardArgs& a, const StateBuffers& saved) {
+  return detail::forward_impl(ctx, p, a, &saved);
+}
+
+SavedState restore_saved_state(const Problem& p, const ForwardArgs& inputs, const StateBuffers& saved) {
   using namespace detail;
-  validate_forward(p, a);
+  if (saved.c.rank != 2) throw Error("saved.c", "shape " + shape_string(saved.c) + " must be [T, 2F]");
+  const int64_t T = saved.c.shape[0];
+  const Device d = saved.c.device;
+  validate_inputs(p, inputs, T, d, p.recipe == Recipe::bf16);
+  check_saved_buffers(p, saved, T, saved.x_col.layout, d);
+  auto s = std::make_unique<SavedImpl>();
+  s->problem = p;
+  s->tokens = T;
+  s->device = d;
+  s->refs = inputs;
+  s->refs.y = {};
+  s->c = borrowed(saved.c);
+  if (p.recipe == Recipe::mxfp8) {
+    s->x_col = borrowed(saved.x_col);
+    s->a_col = borrowed(saved.a_col);
+  } else {
+    s->a_bf16 = borrowed(saved.a);
+  }
+  return SavedState(std::move(s));
+}
+
+namespace detail {
+namespace {
+
+SavedState forward_impl(Context& ctx, const Problem& p, const ForwardArgs& a, const StateBuffers* into) {
+  validate_forward(p, a, into, ctx.options().scale_layout);
   const Device d = a.x.device;
   const ScaleLayout layout = ctx.options().scale_layout;
   const int64_t E = p.experts, H = p.hidden, F = p.ffn, T = a.x.shape[0];
@@ -180,13 +287,13 @@ SavedState forward(Context& ctx, const Problem& p, const ForwardArgs& a) {
     Backend& fc2_b = select(ctx, {Step::gemm_m, d, p.recipe, H, F}, "fc2_fprop");
 
     OwnedMxfp8 x_row = make_mxfp8(ctx.options(), d, T, H, BlockAxis::row, layout, E);
-    s->x_col = make_mxfp8(ctx.options(), d, T, H, BlockAxis::col, layout, E);
+    s->x_col = into ? borrowed(into->x_col) : make_mxfp8(ctx.options(), d, T, H, BlockAxis::col, layout, E);
     quant_x.quantize(ctx, {a.x, a.offsets, x_row.view, s->x_col.view});
     w1q.backend->quantize_experts(ctx, w1q.step);
 
-    s->c = make_tensor(ctx.options(), d, DType::bf16, {T, 2 * F});
+    s->c = into ? borrowed(into->c) : make_tensor(ctx.options(), d, DType::bf16, {T, 2 * F});
     OwnedMxfp8 a_row = make_mxfp8(ctx.options(), d, T, F, BlockAxis::row, layout, E);
-    s->a_col = make_mxfp8(ctx.options(), d, T, F, BlockAxis::col, layout, E);
+    s->a_col = into ? borrowed(into->a_col) : make_mxfp8(ctx.options(), d, T, F, BlockAxis::col, layout, E);
     fc1.gemm.a = mx_op(x_row.view);
     fc1.gemm.b = w1q.out.operand;
     fc1.c = s->c.view;
@@ -201,8 +308,8 @@ SavedState forward(Context& ctx, const Problem& p, const ForwardArgs& a) {
   } else {
     Backend& fc1_b = select(ctx, {Step::gemm_m, d, p.recipe, 2 * F, H}, "fc1_fprop");
     Backend& fc2_b = select(ctx, {Step::gemm_m, d, p.recipe, H, F}, "fc2_fprop");
-    s->c = make_tensor(ctx.options(), d, DType::bf16, {T, 2 * F});
-    s->a_bf16 = make_tensor(ctx.options(), d, DType::bf16, {T, F});
+    s->c = into ? borrowed(into->c) : make_tensor(ctx.options(), d, DType::bf16, {T, 2 * F});
+    s->a_bf16 = into ? borrowed(into->a) : make_tensor(ctx.options(), d, DType::bf16, {T, F});
     fc1.gemm.a = bf16_op(a.x);
     fc1.gemm.b = bf16_operand(a.w1);
     fc1.c = s->c.view;
@@ -214,9 +321,6 @@ SavedState forward(Context& ctx, const Problem& p, const ForwardArgs& a) {
   }
   return SavedState(std::move(s));
 }
-
-namespace detail {
-namespace {
 
 void check_grad_matrices(const Problem& p, const WeightGrads& g, Device d) {
   const int64_t E = p.experts, H = p.hidden, F = p.ffn;
@@ -250,14 +354,17 @@ std::vector<Region> grad_regions(const WeightGrads& g) {
           region("grads.db2", g.db2)};
 }
 
+// The forward's inputs and what it saved (caller memory when restored from StateBuffers).
 std::vector<Region> saved_input_regions(const SavedImpl& s) {
-  const ForwardArgs& r = s.refs;
-  return {region("x", r.x),   region("offsets", r.offsets.offsets), region("probs", r.probs),
-          region("w1", r.w1.dense), region("w1.pointers", r.w1.pointers), region("b1", r.b1),
-          region("w2", r.w2.dense), region("w2.pointers", r.w2.pointers), region("b2", r.b2)};
+  std::vector<Region> r = input_regions(s.refs);
+  r.push_back(region("saved.c", s.c.view));
+  r.push_back(region("saved.a", s.a_bf16.view));
+  add_regions(r, "saved.x_col", s.x_col.view);
+  add_regions(r, "saved.a_col", s.a_col.view);
+  return r;
 }
 
-void validate_backward(SavedState& saved, const BackwardArgs& a) {
+void validate_backward(SavedState& saved, const BackwardArgs& a, const StateBuffers* into, ScaleLayout layout) {
   if (!saved.valid()) throw Error("saved", "empty SavedState (forward() did not produce it)");
   SavedImpl& s = saved.impl();
   if (s.consumed) throw Error("saved", "this SavedState was already consumed by backward()");
@@ -271,6 +378,11 @@ void validate_backward(SavedState& saved, const BackwardArgs& a) {
   check_bias_grads(p, a.grads, d);
   std::vector<Region> outs = {region("dx", a.dx), region("dprobs", a.dprobs)};
   for (const Region& r : grad_regions(a.grads)) outs.push_back(r);
+  if (into) {
+    if (a.wgrad != WgradMode::deferred) throw Error("wgrad", "state buffers are for a deferred weight gradient only");
+    check_deferred_buffers(p, *into, T, layout, d);
+    for (const Region& r : deferred_buffer_regions(*into)) outs.push_back(r);
+  }
   std::vector<Region> ins = saved_input_regions(s);
   ins.push_back(region("dy", a.dy));
   check_no_alias(outs, ins);
@@ -291,12 +403,8 @@ void run_wgrad(Context& ctx, WgradImpl& w, const WeightGrads& g) {
   fc1_w.gemm_k(ctx, k1);
 }
 
-}  // namespace
-}  // namespace detail
-
-WgradState backward(Context& ctx, SavedState& saved, const BackwardArgs& a) {
-  using namespace detail;
-  validate_backward(saved, a);
+WgradState backward_impl(Context& ctx, SavedState& saved, const BackwardArgs& a, const StateBuffers* into) {
+  validate_backward(saved, a, into, ctx.options().scale_layout);
   SavedImpl& s = saved.impl();
   const Problem& p = s.problem;
   const Device d = s.device;
@@ -328,7 +436,7 @@ WgradState backward(Context& ctx, SavedState& saved, const BackwardArgs& a) {
   OwnedMxfp8 dy_row;
   if (mx) {
     dy_row = make_mxfp8(ctx.options(), d, T, H, BlockAxis::row, layout, E);
-    w->dy_col = make_mxfp8(ctx.options(), d, T, H, BlockAxis::col, layout, E);
+    w->dy_col = into ? borrowed(into->dy_col) : make_mxfp8(ctx.options(), d, T, H, BlockAxis::col, layout, E);
     quant_dy->quantize(ctx, {a.dy, r.offsets, dy_row.view, w->dy_col.view});
   } else {
     w->dy_bf16 = a.dy;
@@ -357,13 +465,13 @@ WgradState backward(Context& ctx, SavedState& saved, const BackwardArgs& a) {
   if (mx) {
     w2q.backend->quantize_experts(ctx, w2q.step);
     dc_row = make_mxfp8(ctx.options(), d, T, 2 * F, BlockAxis::row, layout, E);
-    w->dc_col = make_mxfp8(ctx.options(), d, T, 2 * F, BlockAxis::col, layout, E);
+    w->dc_col = into ? borrowed(into->dc_col) : make_mxfp8(ctx.options(), d, T, 2 * F, BlockAxis::col, layout, E);
     d2.gemm.a = mx_op(dy_row.view);
     d2.gemm.b = w2q.out.operand;
     d2.out_row = dc_row.view;
     d2.out_col = w->dc_col.view;
   } else {
-    w->dc_bf16 = make_tensor(ctx.options(), d, DType::bf16, {T, 2 * F});
+    w->dc_bf16 = into ? borrowed(into->dc) : make_tensor(ctx.options(), d, DType::bf16, {T, 2 * F});
     d2.gemm.a = bf16_op(a.dy);
     d2.gemm.b = bf16_operand(r.w2);
     d2.out_bf16 = w->dc_bf16.view;
@@ -403,12 +511,65 @@ WgradState backward(Context& ctx, SavedState& saved, const BackwardArgs& a) {
   return WgradState(std::move(w));
 }
 
+}  // namespace
+}  // namespace detail
+
+WgradState backward(Context& ctx, SavedState& saved, const BackwardArgs& a) {
+  return detail::backward_impl(ctx, saved, a, nullptr);
+}
+
+WgradState backward(Context& ctx, SavedState& saved, const BackwardArgs& a, const StateBuffers& state) {
+  return detail::backward_impl(ctx, saved, a, &state);
+}
+
+WgradState restore_wgrad_state(const Problem& p, const ForwardArgs& inputs, const TensorView& dy,
+                               const StateBuffers& state) {
+  using namespace detail;
+  validate_problem(p);
+  const bool mx = p.recipe == Recipe::mxfp8;
+  const TensorView& rows = mx ? state.x_col.data : state.a;
+  if (rows.rank != 2) throw Error(mx ? "saved.x_col.data" : "saved.a", "shape " + shape_string(rows) + " must be 2-D");
+  const int64_t T = rows.shape[0], E = p.experts, H = p.hidden, F = p.ffn;
+  const Device d = rows.device;
+  check_offsets(inputs.offsets, "offsets", E, T, d);
+  auto w = std::make_unique<WgradImpl>();
+  w->problem = p;
+  w->tokens = T;
+  w->device = d;
+  w->offsets = inputs.offsets;
+  const ScaleLayout layout = state.x_col.layout;
+  if (mx) {
+    check_state_mxfp8(state.x_col, "saved.x_col", T, H, E, layout, d);
+    check_state_mxfp8(state.a_col, "saved.a_col", T, F, E, layout, d);
+    check_deferred_buffers(p, state, T, layout, d);
+    w->x_col = borrowed(state.x_col);
+    w->a_col = borrowed(state.a_col);
+    w->dy_col = borrowed(state.dy_col);
+    w->dc_col = borrowed(state.dc_col);
+  } else {
+    check_tensor(inputs.x, "x", DType::bf16, {T, H}, d);
+    check_tensor(dy, "dy", DType::bf16, {T, H}, d);
+    check_tensor(state.a, "saved.a", DType::bf16, {T, F}, d);
+    check_deferred_buffers(p, state, T, layout, d);
+    w->x_bf16 = inputs.x;
+    w->dy_bf16 = dy;
+    w->a_bf16 = borrowed(state.a);
+    w->dc_bf16 = borrowed(state.dc);
+  }
+  return WgradState(std::move(w));
+}
+
 void compute_wgrad(Context& ctx, WgradState& state, const WeightGrads& grads) {
   using namespace detail;
   if (!state.pending()) throw Error("state", "no deferred weight gradient is pending in this WgradState");
   WgradImpl& w = state.impl();
   check_grad_matrices(w.problem, grads, w.device);
-  std::vector<Region> ins = {region("offsets", w.offsets.offsets), region("x", w.x_bf16), region("dy", w.dy_bf16)};
+  std::vector<Region> ins = {region("offsets", w.offsets.offsets), region("x", w.x_bf16), region("dy", w.dy_bf16),
+                             region("a", w.a_bf16.view), region("dc", w.dc_bf16.view)};
+  add_regions(ins, "x_col", w.x_col.view);
+  add_regions(ins, "a_col", w.a_col.view);
+  add_regions(ins, "dy_col", w.dy_col.view);
+  add_regions(ins, "dc_col", w.dc_col.view);
   check_no_alias({region("grads.dw1", grads.dw1.dense), region("grads.dw2", grads.dw2.dense)}, ins);
   run_wgrad(ctx, w, grads);
   state = WgradState();

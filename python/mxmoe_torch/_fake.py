@@ -1,0 +1,137 @@
+"""Fake (meta) kernels of torch.ops.mxmoe.*: output shapes and dtypes only, so torch.compile and
+torch.library.opcheck trace the ops without running them. Shapes follow include/mxmoe/mxfp8_layout.h;
+every size is plain integer arithmetic, so symbolic token counts work."""
+
+import torch
+
+E4M3 = torch.float8_e4m3fn
+SCALE = torch.uint8
+BLOCK = 32
+
+
+def _round_up(a, b):
+    return (a + b - 1) // b * b
+
+
+def rowwise_scale_bytes(rows, cols):
+    return _round_up(rows, 128) * _round_up(cols // BLOCK, 4)
+
+
+def colwise_scale_bytes(rows, cols, groups):
+    # Capacity over any split of `rows` tokens into `groups` groups (colwise_scale_bytes in C++).
+    return ((rows + BLOCK - 1) // BLOCK + 4 * groups) * _round_up(cols, 128)
+
+
+def colwise_matrix_scale_bytes(rows, cols):
+    return _round_up((rows + BLOCK - 1) // BLOCK, 4) * _round_up(cols, 128)
+
+
+def _colwise(like, rows, cols, groups):
+    return [like.new_empty((rows, cols), dtype=E4M3), like.new_empty((colwise_scale_bytes(rows, cols, groups),), dtype=SCALE)]
+
+
+def _dims(w1):
+    return w1.shape[0], w1.shape[1] // 2, w1.shape[2]  # E, F, H
+
+
+def _saved(like, recipe, tokens, experts, ffn, hidden):
+    saved = [like.new_empty((tokens, 2 * ffn), dtype=torch.bfloat16)]
+    if recipe == "mxfp8":
+        return saved + _colwise(like, tokens, hidden, experts) + _colwise(like, tokens, ffn, experts)
+    return saved + [like.new_empty((tokens, ffn), dtype=torch.bfloat16)]
+
+
+def _deferred(like, recipe, tokens, experts, ffn, hidden):
+    if recipe == "mxfp8":
+        return _colwise(like, tokens, hidden, experts) + _colwise(like, tokens, 2 * ffn, experts)
+    return [like.new_empty((tokens, 2 * ffn), dtype=torch.bfloat16)]
+
+
+def deferred_buffers(like, recipe, tokens, experts, ffn, hidden):
+    """The deferred-wgrad list grouped_mlp_backward_ fills (scales zeroed, as the op's own are)."""
+    return [t.zero_() if t.dtype == SCALE else t for t in _deferred(like, recipe, tokens, experts, ffn, hidden)]
+
+
+@torch.library.register_fake("mxmoe::grouped_mlp_forward")
+def _grouped_mlp_forward(x, offsets, probs, w1, b1, w2, b2, recipe, activation, limit, alpha, linear_offset,
+                         glu_layout, scale_fc2_bias):
+    E, F, H = _dims(w1)
+    T = x.shape[0]
+    return x.new_empty((T, H)), _saved(x, recipe, T, E, F, H)
+
+
+def _backward_common(dy, saved, w1, recipe, defer_wgrad):
+    E, F, H = _dims(w1)
+    T = saved[0].shape[0]
+    dx = dy.new_empty((T, H), dtype=torch.bfloat16)
+    dprobs = dy.new_empty((T,), dtype=torch.float32)
+    deferred = _deferred(dy, recipe, T, E, F, H) if defer_wgrad else []
+    return E, F, H, dx, dprobs, deferred
+
+
+@torch.library.register_fake("mxmoe::grouped_mlp_backward")
+def _grouped_mlp_backward(dy, saved, x, offsets, probs, w1, b1, w2, b2, recipe, activation, limit, alpha,
+                          linear_offset, glu_layout, scale_fc2_bias, defer_wgrad):
+    E, F, H, dx, dprobs, deferred = _backward_common(dy, saved, w1, recipe, defer_wgrad)
+    bf = torch.bfloat16
+    dw1 = dy.new_empty((0,) if defer_wgrad else (E, 2 * F, H), dtype=bf)
+    dw2 = dy.new_empty((0,) if defer_wgrad else (E, H, F), dtype=bf)
+    db1 = dy.new_empty((E, 2 * F) if b1 is not None else (0,), dtype=bf)
+    db2 = dy.new_empty((E, H) if b2 is not None else (0,), dtype=bf)
+    return dx, dprobs, dw1, dw2, db1, db2, deferred
+
+
+@torch.library.register_fake("mxmoe::grouped_mlp_backward_")
+def _grouped_mlp_backward_(dy, saved, x, offsets, probs, w1, b1, w2, b2, recipe, activation, limit, alpha,
+                           linear_offset, glu_layout, scale_fc2_bias, defer_wgrad, main_grad_w1, main_grad_w2,
+                           main_grad_b1, main_grad_b2, deferred):
+    _, _, _, dx, dprobs, _ = _backward_common(dy, saved, w1, recipe, False)
+    return dx, dprobs
+
+
+def _wgrad_dims(x, offsets, saved_tail, recipe):
+    E = offsets.shape[0] - 1
+    if recipe == "mxfp8":
+        return E, saved_tail[2].shape[1], saved_tail[0].shape[1]
+    return E, saved_tail[0].shape[1], x.shape[1]
+
+
+@torch.library.register_fake("mxmoe::grouped_mlp_wgrad")
+def _grouped_mlp_wgrad(x, dy, offsets, saved_tail, deferred, recipe):
+    E, F, H = _wgrad_dims(x, offsets, saved_tail, recipe)
+    like = saved_tail[0]
+    return like.new_empty((E, 2 * F, H), dtype=torch.bfloat16), like.new_empty((E, H, F), dtype=torch.bfloat16)
+
+
+@torch.library.register_fake("mxmoe::grouped_mlp_wgrad_")
+def _grouped_mlp_wgrad_(x, dy, offsets, saved_tail, deferred, recipe, main_grad_w1, main_grad_w2):
+    return None
+
+
+@torch.library.register_fake("mxmoe::quantize_mxfp8")
+def _quantize_mxfp8(x, axis, groups=None, scale_layout="compact"):
+    M, K = x.shape
+    groups_n = groups.shape[0] - 1 if groups is not None else 1
+    n = rowwise_scale_bytes(M, K) if axis == "row" else colwise_scale_bytes(M, K, groups_n)
+    return x.new_empty((M, K), dtype=E4M3), x.new_empty((n,), dtype=SCALE)
+
+
+@torch.library.register_fake("mxmoe::dequantize_mxfp8")
+def _dequantize_mxfp8(data, scales, axis, groups=None, scale_layout="compact", dtype=None):
+    return data.new_empty(data.shape, dtype=dtype or torch.float32)
+
+
+@torch.library.register_fake("mxmoe::grouped_gemm_m")
+def _grouped_gemm_m(a, a_scales, offsets, b, b_scales, b_kn=False, bias=None, scale_layout="compact", dtype=None):
+    N = b.shape[2] if b_kn else b.shape[1]
+    return a.new_empty((a.shape[0], N), dtype=dtype or torch.bfloat16)
+
+
+@torch.library.register_fake("mxmoe::grouped_gemm_k")
+def _grouped_gemm_k(a, a_scales, b, b_scales, offsets, scale_layout="compact", dtype=None):
+    return a.new_empty((offsets.shape[0] - 1, a.shape[1], b.shape[1]), dtype=dtype or torch.float32)
+
+
+@torch.library.register_fake("mxmoe::grouped_gemm_k_")
+def _grouped_gemm_k_(a, a_scales, b, b_scales, offsets, out, accumulate, scale_layout="compact"):
+    return None

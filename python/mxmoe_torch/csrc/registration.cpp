@@ -1,0 +1,60 @@
+// Schemas of torch.ops.mxmoe.* and their CPU and CUDA kernels (one kernel each: the library picks
+// its backend from the data's device). Fake (meta) kernels for tracing live in Python
+// (mxmoe_torch/_fake.py), where symbolic shapes are plain arithmetic.
+#include <torch/library.h>
+
+#include "layer_ops.h"
+
+namespace {
+
+// The problem scalars every layer op carries after its tensors.
+#define MXMOE_LAYER_SCALARS \
+  "str recipe, str activation, float limit, float alpha, float linear_offset, str glu_layout, bool scale_fc2_bias"
+#define MXMOE_LAYER_INPUTS "Tensor offsets, Tensor probs, Tensor w1, Tensor? b1, Tensor w2, Tensor? b2"
+
+}  // namespace
+
+TORCH_LIBRARY(mxmoe, m) {
+  m.def("grouped_mlp_forward(Tensor x, " MXMOE_LAYER_INPUTS ", " MXMOE_LAYER_SCALARS ") -> (Tensor y, Tensor[] saved)");
+  m.def("grouped_mlp_backward(Tensor dy, Tensor[] saved, Tensor? x, " MXMOE_LAYER_INPUTS ", " MXMOE_LAYER_SCALARS
+        ", bool defer_wgrad) -> (Tensor dx, Tensor dprobs, Tensor dw1, Tensor dw2, Tensor db1, Tensor db2, "
+        "Tensor[] deferred)");
+  m.def("grouped_mlp_backward_(Tensor dy, Tensor[] saved, Tensor? x, " MXMOE_LAYER_INPUTS ", " MXMOE_LAYER_SCALARS
+        ", bool defer_wgrad, Tensor(a!) main_grad_w1, Tensor(b!) main_grad_w2, Tensor(c!)? main_grad_b1, "
+        "Tensor(d!)? main_grad_b2, Tensor(e!)[] deferred) -> (Tensor dx, Tensor dprobs)");
+  m.def("grouped_mlp_wgrad(Tensor? x, Tensor? dy, Tensor offsets, Tensor[] saved_tail, Tensor[] deferred, "
+        "str recipe) -> (Tensor dw1, Tensor dw2)");
+  m.def("grouped_mlp_wgrad_(Tensor? x, Tensor? dy, Tensor offsets, Tensor[] saved_tail, Tensor[] deferred, "
+        "str recipe, Tensor(a!) main_grad_w1, Tensor(b!) main_grad_w2) -> ()");
+  m.def("quantize_mxfp8(Tensor x, str axis, Tensor? groups=None, str scale_layout=\"compact\") "
+        "-> (Tensor data, Tensor scales)");
+  m.def("dequantize_mxfp8(Tensor data, Tensor scales, str axis, Tensor? groups=None, "
+        "str scale_layout=\"compact\", ScalarType? dtype=None) -> Tensor");
+  m.def("grouped_gemm_m(Tensor a, Tensor? a_scales, Tensor offsets, Tensor b, Tensor? b_scales, bool b_kn=False, "
+        "Tensor? bias=None, str scale_layout=\"compact\", ScalarType? dtype=None) -> Tensor");
+  m.def("grouped_gemm_k(Tensor a, Tensor? a_scales, Tensor b, Tensor? b_scales, Tensor offsets, "
+        "str scale_layout=\"compact\", ScalarType? dtype=None) -> Tensor");
+  m.def("grouped_gemm_k_(Tensor a, Tensor? a_scales, Tensor b, Tensor? b_scales, Tensor offsets, Tensor(o!) out, "
+        "bool accumulate, str scale_layout=\"compact\") -> ()");
+}
+
+namespace {
+
+void register_kernels(torch::Library& m) {
+  using namespace mxmoe::torch_ext;
+  m.impl("grouped_mlp_forward", &grouped_mlp_forward);
+  m.impl("grouped_mlp_backward", &grouped_mlp_backward);
+  m.impl("grouped_mlp_backward_", &grouped_mlp_backward_);
+  m.impl("grouped_mlp_wgrad", &grouped_mlp_wgrad);
+  m.impl("grouped_mlp_wgrad_", &grouped_mlp_wgrad_);
+  m.impl("quantize_mxfp8", &quantize_mxfp8);
+  m.impl("dequantize_mxfp8", &dequantize_mxfp8);
+  m.impl("grouped_gemm_m", &grouped_gemm_m);
+  m.impl("grouped_gemm_k", &grouped_gemm_k);
+  m.impl("grouped_gemm_k_", &grouped_gemm_k_);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(mxmoe, CPU, m) { register_kernels(m); }
+TORCH_LIBRARY_IMPL(mxmoe, CUDA, m) { register_kernels(m); }

@@ -41,14 +41,19 @@ double rel_error_vs(const HostTensor& out, const std::vector<double>& ref) {
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
-void expect_near_reference(const LayerOutputs& o, const cpu::RefLayerOutputs& r, const Problem& p, double tol) {
+// `masked_tol` bounds the outputs that pass through the clamp masks' derivative (dx, dw1, db1):
+// the backward differentiates at the saved bf16 C, and a C within half a bf16 ulp of +-limit can
+// land on the other side of it, switching one gradient entry on or off (NUMERICS "Tests and
+// tolerances"); the unquantized reference cannot model that, so those outputs get a looser bound.
+void expect_near_reference(const LayerOutputs& o, const cpu::RefLayerOutputs& r, const Problem& p, double tol,
+                           double masked_tol) {
   EXPECT_LE(rel_error_vs(o.y, r.y), tol) << "y";
-  EXPECT_LE(rel_error_vs(o.dx, r.dx), tol) << "dx";
+  EXPECT_LE(rel_error_vs(o.dx, r.dx), masked_tol) << "dx";
   EXPECT_LE(rel_error_vs(o.dprobs, r.dprobs), tol) << "dprobs";
-  EXPECT_LE(rel_error_vs(o.dw1, r.dw1), tol) << "dw1";
+  EXPECT_LE(rel_error_vs(o.dw1, r.dw1), masked_tol) << "dw1";
   EXPECT_LE(rel_error_vs(o.dw2, r.dw2), tol) << "dw2";
   if (p.fc1_bias) {
-    EXPECT_LE(rel_error_vs(o.db1, r.db1), tol) << "db1";
+    EXPECT_LE(rel_error_vs(o.db1, r.db1), masked_tol) << "db1";
   }
   if (p.fc2_bias) {
     EXPECT_LE(rel_error_vs(o.db2, r.db2), tol) << "db2";
@@ -91,7 +96,8 @@ TEST(CpuLayer, Bf16RecipeMatchesUnquantizedFp64Reference) {
     // Clamped variants use large weights so FC1 outputs cross the limits.
     LayerData d = make_layer_data(p, kSizes, v.act == Activation::clamped_swiglu ? 6.0f : 1.0f);
     Context ctx({.backend = "cpu"});
-    expect_near_reference(run_layer(ctx, Device{}, d), reference(d), p, 2e-2);
+    const bool clamped = v.act == Activation::clamped_swiglu;
+    expect_near_reference(run_layer(ctx, Device{}, d), reference(d), p, 2e-2, clamped ? 0.1 : 2e-2);
   }
 }
 
@@ -102,7 +108,7 @@ TEST(CpuLayer, Mxfp8RecipeSwigluWithinSanityToleranceOfFp64) {
     SCOPED_TRACE(describe(p));
     LayerData d = make_layer_data(p, kSizes);
     Context ctx({.backend = "cpu"});
-    expect_near_reference(run_layer(ctx, Device{}, d), reference(d), p, 0.1);
+    expect_near_reference(run_layer(ctx, Device{}, d), reference(d), p, 0.1, 0.1);
   }
 }
 
@@ -217,7 +223,7 @@ TEST(CpuLayer, OneExpertProblem) {
   p.experts = 1;
   LayerData d = make_layer_data(p, {150});
   Context ctx({.backend = "cpu"});
-  expect_near_reference(run_layer(ctx, Device{}, d), reference(d), p, 0.1);
+  expect_near_reference(run_layer(ctx, Device{}, d), reference(d), p, 0.1, 0.1);
 }
 
 TEST(CpuLayer, SavedBytesMatchTheSavedTensors) {

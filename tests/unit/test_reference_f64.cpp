@@ -83,15 +83,20 @@ RefLayerInputs make_inputs(const Case& c) {
     in.dy = uniform(T * H, -1, 1);
     if (c.activation == Activation::swiglu) break;
     const RefLayerOutputs o = reference_layer_f64(in);
-    int a_above = 0, b_above = 0, b_below = 0;
+    int a_above = 0, b_above = 0, b_below = 0, near_kink = 0;
     const double L = p.clamp.limit;
+    // A central difference that straddles a clamp kink measures the mean of two one-sided slopes:
+    // keep every pre-activation well away from +-L (a 1e-6 step moves C by far less than 1e-3).
+    constexpr double kKinkMargin = 1e-3;
     for (int64_t t = 0; t < T; ++t)
       for (int64_t n = 0; n < F; ++n) {
-        a_above += glu_a(&o.c[t * 2 * F], n, F, p.glu_layout) > L;
-        b_above += glu_b(&o.c[t * 2 * F], n, F, p.glu_layout) > L;
-        b_below += glu_b(&o.c[t * 2 * F], n, F, p.glu_layout) < -L;
+        const double a = glu_a(&o.c[t * 2 * F], n, F, p.glu_layout), b = glu_b(&o.c[t * 2 * F], n, F, p.glu_layout);
+        a_above += a > L;
+        b_above += b > L;
+        b_below += b < -L;
+        near_kink += std::abs(a - L) < kKinkMargin || std::abs(std::abs(b) - L) < kKinkMargin;
       }
-    if (a_above > 0 && b_above > 0 && b_below > 0) break;
+    if (a_above > 0 && b_above > 0 && b_below > 0 && near_kink == 0) break;
   }
   return in;
 }

@@ -3,14 +3,14 @@
 # label included), compute-sanitizer memcheck and racecheck over the kernel tests, the main job on
 # its GPU default (dsv3), the benchmark and the torch peer beside it. Logs go to $OUT (or ./out).
 # GoogleTest is not installed there: carry a copy in .deps/gtest (see docs/gpu_machine.md).
-#   scripts/gpu_check.sh [build|test|sanitize|run|bench]...   (default: all)
+#   scripts/gpu_check.sh [build|test|torch|sanitize|run|bench]...   (default: all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-out}")
 mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH
 B=build-gpu
-steps=${*:-build test sanitize run bench}
+steps=${*:-build test torch sanitize run bench}
 summary() { echo "== $1: $2" | tee -a "$OUT/summary.txt"; }
 for s in $steps; do
   case $s in
@@ -28,6 +28,14 @@ for s in $steps; do
           --gtest_filter="${SANITIZE_FILTER:-QuantGpu.*:GpuGemm*.*:GpuGlu*.*}" >"$OUT/$tool.log" 2>&1
         rc=$?; summary $tool "rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.log" | tail -1) $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/$tool.log" | head -2 | tr '\n' ' ')"
       done ;;
+    torch)
+      if [ -f $B/python/libmxmoe_torch.so ]; then
+        PYTHONPATH=python MXMOE_TORCH_LIBRARY="$PWD/$B/python/libmxmoe_torch.so" timeout 300 \
+          python3 -m pytest -q -rs -p no:cacheprovider python/tests >"$OUT/pytest.log" 2>&1
+        summary pytest "rc=$? $(tail -1 "$OUT/pytest.log")"
+      else
+        summary pytest "skipped: the torch extension was not built (PyTorch not found at configure time)"
+      fi ;;
     run)
       timeout 300 $B/mxmoe run --json "$OUT/run.json" >"$OUT/run.log" 2>"$OUT/run.err"; rc=$?
       summary "mxmoe run (default preset)" "rc=$rc"; tail -45 "$OUT/run.log" ;;

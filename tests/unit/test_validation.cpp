@@ -34,6 +34,15 @@ struct Fixture {
     y_buffer = fa.y;
   }
   bool y_untouched() { return bytes_equal(m.get(y_buffer).view, y_poison.view); }
+  // Valid backward outputs (dx, dprobs, db1) on poisoned buffers; weight grads left to the test.
+  BackwardArgs backward_args() {
+    BackwardArgs ba;
+    ba.dy = m.put(d.dy);
+    ba.dx = m.poisoned(DType::bf16, {d.tokens, p.hidden});
+    ba.dprobs = m.poisoned(DType::f32, {d.tokens});
+    ba.grads.db1 = m.poisoned(DType::f32, {p.experts, 2 * p.ffn});
+    return ba;
+  }
 };
 
 // Runs forward with one corruption and checks the error's argument and message.
@@ -119,13 +128,9 @@ TEST(Validation, BackwardChecksOutputsAndAccumulateDtype) {
   Fixture f;
   Context ctx({.backend = "cpu"});
   SavedState saved = forward(ctx, f.p, f.fa);
-  BackwardArgs ba;
-  ba.dy = f.m.put(f.d.dy);
-  ba.dx = f.m.poisoned(DType::bf16, {f.d.tokens, f.p.hidden});
-  ba.dprobs = f.m.poisoned(DType::f32, {f.d.tokens});
+  BackwardArgs ba = f.backward_args();
   ba.grads.dw1 = f.m.experts(f.m.poisoned(DType::bf16, {3, 64, 64}), false);
   ba.grads.dw2 = f.m.experts(f.m.poisoned(DType::bf16, {3, 64, 32}), false);
-  ba.grads.db1 = f.m.poisoned(DType::f32, {3, 64});
   ba.grads.accumulate = true;
   HostTensor dx_before = f.m.get(ba.dx);
   try {
@@ -153,11 +158,7 @@ TEST(Validation, SavedStateCannotBeConsumedTwice) {
   Fixture f;
   Context ctx({.backend = "cpu"});
   SavedState saved = forward(ctx, f.p, f.fa);
-  BackwardArgs ba;
-  ba.dy = f.m.put(f.d.dy);
-  ba.dx = f.m.poisoned(DType::bf16, {f.d.tokens, f.p.hidden});
-  ba.dprobs = f.m.poisoned(DType::f32, {f.d.tokens});
-  ba.grads.db1 = f.m.poisoned(DType::f32, {3, 64});
+  BackwardArgs ba = f.backward_args();
   ba.wgrad = WgradMode::deferred;
   WgradState w = backward(ctx, saved, ba);
   EXPECT_TRUE(w.pending());

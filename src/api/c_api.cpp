@@ -81,7 +81,6 @@ void check_struct(size_t got, size_t want, const char* name) {
                                                         std::to_string(want));
 }
 
-template <class T>
 void check_enum(int32_t v, int32_t max, const char* name) {
   if (v < 0 || v > max) throw Error(name, "value " + std::to_string(v) + " is not a valid enumerator");
 }
@@ -89,8 +88,8 @@ void check_enum(int32_t v, int32_t max, const char* name) {
 TensorView view(const mxmoe_tensor& t, const char* name) {
   if (t.rank == 0 && t.data == nullptr) return {};
   if (t.rank < 0 || t.rank > 3) throw Error(name, "rank " + std::to_string(t.rank) + " must be 0..3");
-  check_enum<DType>(t.dtype, MXMOE_I64, name);
-  check_enum<DeviceType>(t.device_type, MXMOE_CUDA, name);
+  check_enum(t.dtype, MXMOE_I64, name);
+  check_enum(t.device_type, MXMOE_CUDA, name);
   TensorView v;
   v.data = t.data;
   v.dtype = static_cast<DType>(t.dtype);
@@ -110,10 +109,10 @@ ExpertMatrices experts(const mxmoe_experts& e, const char* name) {
 
 Problem problem(const mxmoe_problem& p) {
   check_struct(p.struct_size, sizeof(mxmoe_problem), "problem");
-  check_enum<Activation>(p.activation, MXMOE_CLAMPED_SWIGLU, "problem.activation");
-  check_enum<GluLayout>(p.glu_layout, MXMOE_GLU_INTERLEAVE32, "problem.glu_layout");
-  check_enum<Recipe>(p.recipe, MXMOE_RECIPE_MXFP8, "problem.recipe");
-  check_enum<WeightLayout>(p.weight_layout, MXMOE_WEIGHTS_PER_EXPERT, "problem.weight_layout");
+  check_enum(p.activation, MXMOE_CLAMPED_SWIGLU, "problem.activation");
+  check_enum(p.glu_layout, MXMOE_GLU_INTERLEAVE32, "problem.glu_layout");
+  check_enum(p.recipe, MXMOE_RECIPE_MXFP8, "problem.recipe");
+  check_enum(p.weight_layout, MXMOE_WEIGHTS_PER_EXPERT, "problem.weight_layout");
   Problem q;
   q.hidden = p.hidden;
   q.ffn = p.ffn;

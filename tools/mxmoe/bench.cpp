@@ -66,7 +66,6 @@ struct SplitRecord {
   int64_t hidden, ffn, experts, tokens;
   std::vector<int64_t> sizes;
 };
-std::vector<SplitRecord> g_splits;
 
 double median_ms(const std::function<void()>& f, cudaStream_t s) {
   for (int i = 0; i < kWarmup; ++i) f();
@@ -93,7 +92,8 @@ TensorView dv(const DevBuf& b, DType t, std::initializer_list<int64_t> shape) {
   return TensorView::of(b.p, t, shape, Device{DeviceType::cuda, 0});
 }
 
-void bench_one(const Preset& pr, bool skew, Recipe recipe, uint64_t seed, std::vector<Row>& rows) {
+void bench_one(const Preset& pr, bool skew, Recipe recipe, uint64_t seed, std::vector<Row>& rows,
+               std::vector<SplitRecord>& splits) {
   using namespace detail;
   Problem p;
   p.hidden = pr.hidden;
@@ -120,10 +120,10 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, uint64_t seed, std::v
   auto w1 = random_bf16(E * 2 * F * H, 1.0f / std::sqrt(float(H)), g);
   auto w2 = random_bf16(E * H * F, 1.0f / std::sqrt(float(F)), g);
   std::vector<int64_t> split = token_split(T, E, skew, seed);
-  if (recipe == Recipe::mxfp8 || std::none_of(g_splits.begin(), g_splits.end(), [&](const SplitRecord& r) {
-        return r.preset == pr.name && r.split == (skew ? "skew" : "balanced");
-      }))
-    g_splits.push_back({pr.name, skew ? "skew" : "balanced", H, F, E, T, split});
+  const char* split_label = skew ? "skew" : "balanced";
+  if (std::none_of(splits.begin(), splits.end(),
+                   [&](const SplitRecord& r) { return r.preset == pr.name && r.split == split_label; }))
+    splits.push_back({pr.name, split_label, H, F, E, T, split});
   std::vector<int32_t> off(E + 1, 0);
   for (int64_t e = 0; e < E; ++e) off[e + 1] = off[e] + static_cast<int32_t>(split[e]);
   DevBuf offsets(4 * (E + 1)), probs(4 * T), y(2 * T * H), dx(2 * T * H), dprobs(4 * T);
@@ -148,10 +148,9 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, uint64_t seed, std::v
   ba.grads.dw1.dense = dv(dw1, DType::f32, {E, 2 * F, H});
   ba.grads.dw2.dense = dv(dw2, DType::f32, {E, H, F});
 
-  const std::string split_name = skew ? "skew" : "balanced";
   auto add = [&](const char* op, double ms, double flops, double bytes) {
-    rows.push_back({pr.name, split_name, to_string(recipe), op, ms, flops, bytes});
-    std::fprintf(stderr, "  %-12s %-8s %-5s %-14s %9.3f ms %8.1f TFLOP/s %7.0f GB/s\n", pr.name, split_name.c_str(),
+    rows.push_back({pr.name, split_label, to_string(recipe), op, ms, flops, bytes});
+    std::fprintf(stderr, "  %-12s %-8s %-5s %-14s %9.3f ms %8.1f TFLOP/s %7.0f GB/s\n", pr.name, split_label,
                  to_string(recipe), op, ms, flops / ms * 1e-9, bytes / ms * 1e-6);
   };
   const double tHF = double(T) * H * F;
@@ -284,11 +283,12 @@ int command_bench(const CliOptions& o) {
   }
   std::vector<Recipe> recipes = o.recipe ? std::vector<Recipe>{*o.recipe} : std::vector<Recipe>{Recipe::mxfp8, Recipe::bf16};
   std::vector<Row> rows;
+  std::vector<SplitRecord> splits;
   std::fprintf(stderr, "mxmoe bench on %s (median of %d after %d warm-up runs)\n", cuda_device_description(0).c_str(),
                kIters, kWarmup);
   for (const Preset* p : list)
     for (bool skew : o.skew ? std::vector<bool>{true} : std::vector<bool>{false, true})
-      for (Recipe r : recipes) bench_one(*p, skew, r, o.seed, rows);
+      for (Recipe r : recipes) bench_one(*p, skew, r, o.seed, rows, splits);
 
   std::printf("| preset | split | recipe | op | ms | TFLOP/s | GB/s |\n|---|---|---|---|---|---|---|\n");
   for (const Row& r : rows)
@@ -306,18 +306,14 @@ int command_bench(const CliOptions& o) {
                    r.bytes / r.ms * 1e-6, i + 1 < rows.size() ? "," : "");
     }
     std::fprintf(f, "], \"splits\": [\n");
-    std::vector<SplitRecord> uniq;
-    for (const SplitRecord& r : g_splits)
-      if (std::none_of(uniq.begin(), uniq.end(), [&](const SplitRecord& u) { return u.preset == r.preset && u.split == r.split; }))
-        uniq.push_back(r);
-    for (size_t i = 0; i < uniq.size(); ++i) {
-      const SplitRecord& r = uniq[i];
+    for (size_t i = 0; i < splits.size(); ++i) {
+      const SplitRecord& r = splits[i];
       std::fprintf(f, "  {\"preset\": \"%s\", \"split\": \"%s\", \"hidden\": %lld, \"ffn\": %lld, \"experts\": %lld, "
                       "\"tokens\": %lld, \"sizes\": [",
                    r.preset.c_str(), r.split.c_str(), (long long)r.hidden, (long long)r.ffn, (long long)r.experts,
                    (long long)r.tokens);
       for (size_t e = 0; e < r.sizes.size(); ++e) std::fprintf(f, "%s%lld", e ? ", " : "", (long long)r.sizes[e]);
-      std::fprintf(f, "]}%s\n", i + 1 < uniq.size() ? "," : "");
+      std::fprintf(f, "]}%s\n", i + 1 < splits.size() ? "," : "");
     }
     std::fprintf(f, "]}\n");
     std::fclose(f);

@@ -1,7 +1,7 @@
 #include <cstdlib>
 #include <sstream>
 
-#include "src/api/context_impl.h"
+#include "src/dispatch/context_impl.h"
 #include "src/dispatch/backend.h"
 
 namespace mxmoe {
@@ -17,14 +17,6 @@ std::vector<std::string> split_list(const char* s) {
   return out;
 }
 }  // namespace
-
-namespace detail {
-void ContextImpl::record(StepRecord r) {
-  for (const StepRecord& old : report)
-    if (old.step == r.step && old.backend == r.backend && old.skipped == r.skipped) return;
-  report.push_back(std::move(r));
-}
-}  // namespace detail
 
 Context::Context(Options options) : impl_(std::make_unique<detail::ContextImpl>()) {
   // Environment overrides fill what the caller left unset; unknown names are an error now,

@@ -1,9 +1,9 @@
-// Library-owned memory: host memory for the CPU backend, stream-ordered device memory for CUDA
-// (cudaMallocAsync is legal inside CUDA-graph capture, so workspaces never break a captured step).
+// Library-owned memory (src/common/memory.h).
+#include "src/common/memory.h"
+
 #include <cstdlib>
 #include <new>
-
-#include "src/dispatch/backend.h"
+#include <string>
 
 #if defined(MXMOE_WITH_CUDA)
 #include <cuda_runtime.h>

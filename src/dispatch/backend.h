@@ -10,6 +10,7 @@
 #include "mxmoe/grouped_mlp.h"
 #include "mxmoe/ops.h"
 #include "src/common/glu.h"
+#include "src/common/memory.h"  // Buffer, allocate(): kept here for existing includers
 
 namespace mxmoe::detail {
 
@@ -91,25 +92,6 @@ struct Fc2BiasGradStep {
   GradOut db2;         // [E, H]
   TensorView dprob_add;  // f32 [T]
 };
-
-// Memory a backend hands out for its device (host memory for the CPU backend; stream-ordered
-// device memory for CUDA, which is legal inside CUDA-graph capture).
-struct Buffer {
-  Buffer() = default;
-  Buffer(void* p, int64_t n, Device d, void* stream, Allocator a = {})
-      : ptr(p), bytes(n), device(d), stream(stream), allocator(a) {}
-  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
-  Buffer& operator=(Buffer&& o) noexcept;
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  ~Buffer();
-  void* ptr = nullptr;
-  int64_t bytes = 0;
-  Device device{};
-  void* stream = nullptr;
-  Allocator allocator{};  // the caller's, when Options::allocator is set
-};
-Buffer allocate(Device device, int64_t bytes, void* stream, const Allocator& allocator = {});
 
 class Backend {
  public:

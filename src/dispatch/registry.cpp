@@ -1,8 +1,8 @@
 // Backend registry and per-step selection. Preference order: cuda_sm90, cuda_portable, cpu.
 #include <string>
 
-#include "src/api/context_impl.h"
 #include "src/dispatch/backend.h"
+#include "src/dispatch/context_impl.h"
 
 namespace mxmoe::detail {
 
@@ -16,6 +16,12 @@ const char* to_string(Step s) {
     case Step::fc2_bias_grads: return "fc2_bias_grads";
   }
   return "?";
+}
+
+void ContextImpl::record(StepRecord r) {
+  for (const StepRecord& old : report)
+    if (old.step == r.step && old.backend == r.backend && old.skipped == r.skipped) return;
+  report.push_back(std::move(r));
 }
 
 namespace {

@@ -1,0 +1,164 @@
+// The grouped MLP's steps (src/api/layer_steps.h).
+#include "src/api/layer_steps.h"
+
+#include <utility>
+
+namespace mxmoe::detail {
+
+namespace {
+
+Device device_of(const Operand& o) { return o.is_mxfp8() ? o.mx.data.device : o.bf16.device; }
+int64_t rows_of(const Operand& o) { return o.is_mxfp8() ? o.mx.data.shape[0] : o.bf16.shape[0]; }
+// Bytes per element of a GEMM operand (e4m3 or bf16).
+double elem_bytes(const Operand& o) { return o.is_mxfp8() ? 1.0 : 2.0; }
+double elem_bytes(const ExpertOperand& o) { return o.is_mxfp8() ? 1.0 : 2.0; }
+// A GLU output: 2 bytes per element either way (one bf16 copy, or row-wise + column-wise e4m3).
+constexpr double kGluOutBytes = 2.0;
+constexpr double kBf16Bytes = 2.0;
+
+GluParams glu_params(const Problem& p) { return GluParams{p.activation, p.clamp}; }
+
+void set_glu_output(MGemmStep& s, const GluOutput& out) {
+  s.out_bf16 = out.bf16;
+  s.out_row = out.row;
+  s.out_col = out.col;
+}
+
+LayerStep quantize_activation(const char* label, const QuantizeArgs& a) {
+  const double n = static_cast<double>(a.src.numel());
+  const double outputs = (a.rowwise.data.data ? 1.0 : 0.0) + (a.colwise.data.data ? 1.0 : 0.0);
+  return {label,
+          {Step::quantize, a.src.device, Recipe::mxfp8, 0, a.src.rank == 2 ? a.src.shape[1] : 0},
+          {0, n * (kBf16Bytes + outputs)},
+          a};
+}
+
+LayerStep quantize_weights(const char* row_label, const char* col_label, const QuantizeExpertsStep& s) {
+  const Device d = s.src.per_expert() ? s.src.pointers.device : s.src.dense.device;
+  const double n = static_cast<double>(s.experts * s.rows * s.cols);
+  return {s.axis == BlockAxis::row ? row_label : col_label,
+          {Step::quantize_experts, d, Recipe::mxfp8, s.rows, s.cols},
+          {0, n * (kBf16Bytes + 1.0)},
+          s};
+}
+
+LayerStep wgrad(const char* label, const Problem& p, const KGroupedGemmArgs& a, int64_t m, int64_t n) {
+  const double T = static_cast<double>(rows_of(a.a)), E = static_cast<double>(p.experts);
+  const DType out = a.d.per_expert() ? a.d.dtype : a.d.dense.dtype;
+  const double out_bytes = E * m * n * static_cast<double>(dtype_size(out)) * (a.accumulate ? 2.0 : 1.0);
+  return {label, {Step::gemm_k, device_of(a.a), p.recipe, n, m}, {2.0 * T * m * n, T * (m + n) * elem_bytes(a.a) + out_bytes}, a};
+}
+
+}  // namespace
+
+Backend& plan(Context& ctx, const LayerStep& step) { return select(ctx, step.query, step.label); }
+
+void run(Context& ctx, Backend& b, const LayerStep& step) {
+  struct Visit {
+    Context& ctx;
+    Backend& b;
+    void operator()(const QuantizeArgs& a) const { b.quantize(ctx, a); }
+    void operator()(const QuantizeExpertsStep& s) const { b.quantize_experts(ctx, s); }
+    void operator()(const MGemmStep& s) const { b.gemm_m(ctx, s); }
+    void operator()(const KGroupedGemmArgs& a) const { b.gemm_k(ctx, a); }
+    void operator()(const Fc2BiasGradStep& s) const { b.fc2_bias_grads(ctx, s); }
+  };
+  std::visit(Visit{ctx, b}, step.args);
+}
+
+PlannedSteps::PlannedSteps(Context& ctx, std::vector<LayerStep> steps) : ctx_(ctx), steps_(std::move(steps)) {
+  for (const LayerStep& s : steps_) backends_.push_back(&plan(ctx_, s));
+}
+
+void PlannedSteps::run() {
+  for (size_t i = 0; i < steps_.size(); ++i) detail::run(ctx_, *backends_[i], steps_[i]);
+}
+
+LayerStep quantize_x(const QuantizeArgs& args) { return quantize_activation("quantize_x", args); }
+LayerStep quantize_dy(const QuantizeArgs& args) { return quantize_activation("quantize_dy", args); }
+LayerStep quantize_w1(const QuantizeExpertsStep& args) { return quantize_weights("quantize_w1", "quantize_w1_col", args); }
+LayerStep quantize_w2(const QuantizeExpertsStep& args) { return quantize_weights("quantize_w2", "quantize_w2_col", args); }
+
+LayerStep fc1_fprop(const Problem& p, const Fc1FpropArgs& a) {
+  MGemmStep s;
+  s.epilogue = Epilogue::glu_forward;
+  s.gemm.a = a.x;
+  s.gemm.b = a.w1;
+  s.gemm.offsets = a.offsets;
+  s.gemm.bias = p.fc1_bias ? a.b1 : TensorView{};
+  s.probs = a.probs;
+  s.glu = glu_params(p);
+  s.glu_layout = p.glu_layout;
+  s.ffn = p.ffn;
+  s.c = a.c;
+  set_glu_output(s, a.a);
+  const double T = static_cast<double>(rows_of(a.x)), H = p.hidden, F = p.ffn, E = p.experts;
+  const double bytes = T * H * elem_bytes(a.x) + E * 2 * F * H * elem_bytes(a.w1) + T * 2 * F * kBf16Bytes +
+                       T * F * kGluOutBytes;
+  return {"fc1_fprop", {Step::gemm_m, device_of(a.x), p.recipe, 2 * p.ffn, p.hidden}, {4 * T * H * F, bytes}, s};
+}
+
+LayerStep fc2_fprop(const Problem& p, const Fc2FpropArgs& a) {
+  MGemmStep s;
+  s.epilogue = Epilogue::store;
+  s.gemm.a = a.a;
+  s.gemm.b = a.w2;
+  s.gemm.offsets = a.offsets;
+  s.gemm.bias = p.fc2_bias ? a.b2 : TensorView{};
+  s.bias_scale_by_probs = p.scale_fc2_bias;
+  s.probs = a.probs;
+  s.gemm.d = a.y;
+  const double T = static_cast<double>(rows_of(a.a)), H = p.hidden, F = p.ffn, E = p.experts;
+  const double bytes = T * F * elem_bytes(a.a) + E * H * F * elem_bytes(a.w2) + T * H * kBf16Bytes;
+  return {"fc2_fprop", {Step::gemm_m, device_of(a.a), p.recipe, p.hidden, p.ffn}, {2 * T * H * F, bytes}, s};
+}
+
+LayerStep fc2_bias_grads(const Problem& p, const Fc2BiasGradStep& args) {
+  Fc2BiasGradStep s = args;
+  s.scale_by_probs = p.scale_fc2_bias;
+  const double T = static_cast<double>(s.dy.rank == 2 ? s.dy.shape[0] : 0), H = p.hidden, E = p.experts;
+  return {"fc2_bias_grads",
+          {Step::fc2_bias_grads, s.dy.device, p.recipe, p.hidden, 0},
+          {T * H, T * H * kBf16Bytes + E * H * static_cast<double>(dtype_size(s.db2.dst.dtype))},
+          s};
+}
+
+LayerStep fc2_dgrad(const Problem& p, const Fc2DgradArgs& a) {
+  MGemmStep s;
+  s.epilogue = Epilogue::glu_backward;
+  s.gemm.a = a.dy;
+  s.gemm.b = a.w2;
+  s.gemm.b_kn = true;  // W2_e is [H, F] = [K, N]
+  s.gemm.offsets = a.offsets;
+  s.probs = a.probs;
+  s.glu = glu_params(p);
+  s.glu_layout = p.glu_layout;
+  s.ffn = p.ffn;
+  s.c = a.c;
+  s.dprobs = a.dprobs;
+  s.dprob_add = a.dprob_add;
+  if (p.fc1_bias) s.db1 = a.db1;
+  set_glu_output(s, a.dc);
+  const double T = static_cast<double>(rows_of(a.dy)), H = p.hidden, F = p.ffn, E = p.experts;
+  const double bytes = T * H * elem_bytes(a.dy) + E * H * F * elem_bytes(a.w2) + T * 2 * F * kBf16Bytes +
+                       T * 2 * F * kGluOutBytes;
+  return {"fc2_dgrad", {Step::gemm_m, device_of(a.dy), p.recipe, p.ffn, p.hidden}, {2 * T * H * F, bytes}, s};
+}
+
+LayerStep fc1_dgrad(const Problem& p, const Fc1DgradArgs& a) {
+  MGemmStep s;
+  s.epilogue = Epilogue::store;
+  s.gemm.a = a.dc;
+  s.gemm.b = a.w1;
+  s.gemm.b_kn = true;  // W1_e is [2F, H] = [K, N]
+  s.gemm.offsets = a.offsets;
+  s.gemm.d = a.dx;
+  const double T = static_cast<double>(rows_of(a.dc)), H = p.hidden, F = p.ffn, E = p.experts;
+  const double bytes = T * 2 * F * elem_bytes(a.dc) + E * 2 * F * H * elem_bytes(a.w1) + T * H * kBf16Bytes;
+  return {"fc1_dgrad", {Step::gemm_m, device_of(a.dc), p.recipe, p.hidden, 2 * p.ffn}, {4 * T * H * F, bytes}, s};
+}
+
+LayerStep fc2_wgrad(const Problem& p, const KGroupedGemmArgs& a) { return wgrad("fc2_wgrad", p, a, p.hidden, p.ffn); }
+LayerStep fc1_wgrad(const Problem& p, const KGroupedGemmArgs& a) { return wgrad("fc1_wgrad", p, a, 2 * p.ffn, p.hidden); }
+
+}  // namespace mxmoe::detail

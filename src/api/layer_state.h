@@ -3,6 +3,7 @@
 #include <initializer_list>
 
 #include "mxmoe/grouped_mlp.h"
+#include "src/common/memory.h"
 #include "src/dispatch/backend.h"
 
 namespace mxmoe::detail {
@@ -23,11 +24,23 @@ struct OwnedMxfp8 {
 OwnedMxfp8 make_mxfp8(const Options& o, Device d, int64_t rows, int64_t cols, BlockAxis axis, ScaleLayout layout,
                       int64_t experts);
 
-// Quantized copy of E weight matrices [rows, cols].
+// Quantized copy of E weight matrices [rows, cols], scales along `axis`.
 struct OwnedExpertMxfp8 {
   Buffer data, scales;
   ExpertOperand operand;
+  int64_t experts = 0, rows = 0, cols = 0;
+  BlockAxis axis = BlockAxis::row;
+  // The quantize_experts arguments that fill this copy from `src`.
+  QuantizeExpertsStep quantize_from(const ExpertMatrices& src) const {
+    return {src, experts, rows, cols, operand.data.dense, operand.scales.dense, axis, operand.layout};
+  }
 };
+OwnedExpertMxfp8 make_expert_mxfp8(const Options& o, Device d, int64_t experts, int64_t rows, int64_t cols,
+                                   BlockAxis axis, ScaleLayout layout);
+
+// Views of caller memory in the owned types (nothing is freed).
+OwnedTensor borrowed(const TensorView& v);
+OwnedMxfp8 borrowed(const Mxfp8View& v);
 
 struct SavedImpl {
   Problem problem;

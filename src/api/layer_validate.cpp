@@ -1,0 +1,230 @@
+// Validation of the grouped-MLP entry points (src/api/layer_validate.h).
+#include "src/api/layer_validate.h"
+
+#include <string>
+#include <vector>
+
+#include "src/api/layer_state.h"
+#include "src/api/validate.h"
+
+namespace mxmoe::detail {
+namespace {
+
+void check_weight_layout(const Problem& p, const ExpertMatrices& m, const char* name) {
+  const bool per = m.per_expert();
+  if (per != (p.weight_layout == WeightLayout::per_expert))
+    throw Error(name, std::string("problem.weight_layout=") + to_string(p.weight_layout) + " but " +
+                          (per ? "a pointer table" : "a dense tensor") + " was given");
+}
+
+void check_bias(bool wanted, const TensorView& b, const char* name, const char* flag, int64_t experts, int64_t n,
+                Device d) {
+  if (wanted)
+    check_tensor(b, name, DType::bf16, {experts, n}, d);
+  else if (b.data)
+    throw Error(name, std::string("given but problem.") + flag + " is false");
+}
+
+int64_t tokens_of(const TensorView& x, const char* name, int64_t cols) {
+  if (x.rank != 2 || x.shape[1] != cols)
+    throw Error(name, "shape " + shape_string(x) + " must be [T, " + std::to_string(cols) + "]");
+  return x.shape[0];
+}
+
+// Every input of a forward with T tokens on `d`; x may be absent when !need_x (a restored mxfp8 state).
+void validate_inputs(const Problem& p, const ForwardArgs& a, int64_t T, Device d, bool need_x) {
+  validate_problem(p);
+  const int64_t E = p.experts, H = p.hidden, F = p.ffn;
+  if (need_x || a.x.data) check_tensor(a.x, "x", DType::bf16, {T, H}, d);
+  check_offsets(a.offsets, "offsets", E, T, d);
+  check_tensor(a.probs, "probs", DType::f32, {T}, d);
+  check_weight_layout(p, a.w1, "w1");
+  check_weight_layout(p, a.w2, "w2");
+  check_experts(a.w1, "w1", {DType::bf16}, E, 2 * F, H, d);
+  check_experts(a.w2, "w2", {DType::bf16}, E, H, F, d);
+  check_bias(p.fc1_bias, a.b1, "b1", "fc1_bias", E, 2 * F, d);
+  check_bias(p.fc2_bias, a.b2, "b2", "fc2_bias", E, H, d);
+}
+
+std::vector<Region> input_regions(const ForwardArgs& a) {
+  return {region("x", a.x),   region("offsets", a.offsets.offsets), region("probs", a.probs),
+          region("w1", a.w1.dense), region("w1.pointers", a.w1.pointers), region("b1", a.b1),
+          region("w2", a.w2.dense), region("w2.pointers", a.w2.pointers), region("b2", a.b2)};
+}
+
+void check_state_mxfp8(const Mxfp8View& v, const std::string& name, int64_t T, int64_t cols, int64_t E,
+                       ScaleLayout layout, Device d) {
+  check_mxfp8(v, name, T, cols, BlockAxis::col, colwise_scale_bytes(T, cols, E), d);
+  if (v.layout != layout)
+    throw Error(name + ".layout", "must be the scale layout of the other state tensors and of the context");
+}
+
+// The members of StateBuffers forward fills, for the recipe.
+void check_saved_buffers(const Problem& p, const StateBuffers& s, int64_t T, ScaleLayout layout, Device d) {
+  check_tensor(s.c, "saved.c", DType::bf16, {T, 2 * p.ffn}, d);
+  if (p.recipe == Recipe::mxfp8) {
+    check_state_mxfp8(s.x_col, "saved.x_col", T, p.hidden, p.experts, layout, d);
+    check_state_mxfp8(s.a_col, "saved.a_col", T, p.ffn, p.experts, layout, d);
+  } else {
+    check_tensor(s.a, "saved.a", DType::bf16, {T, p.ffn}, d);
+  }
+}
+
+// The members a deferred backward fills.
+void check_deferred_buffers(const Problem& p, const StateBuffers& s, int64_t T, ScaleLayout layout, Device d) {
+  if (p.recipe == Recipe::mxfp8) {
+    check_state_mxfp8(s.dy_col, "state.dy_col", T, p.hidden, p.experts, layout, d);
+    check_state_mxfp8(s.dc_col, "state.dc_col", T, 2 * p.ffn, p.experts, layout, d);
+  } else {
+    check_tensor(s.dc, "state.dc", DType::bf16, {T, 2 * p.ffn}, d);
+  }
+}
+
+void add_regions(std::vector<Region>& out, const std::string& name, const Mxfp8View& v) {
+  out.push_back(region(name + ".data", v.data));
+  out.push_back(region(name + ".scales", v.scales));
+}
+
+std::vector<Region> saved_buffer_regions(const StateBuffers& s) {
+  std::vector<Region> r = {region("saved.c", s.c), region("saved.a", s.a)};
+  add_regions(r, "saved.x_col", s.x_col);
+  add_regions(r, "saved.a_col", s.a_col);
+  return r;
+}
+
+std::vector<Region> deferred_buffer_regions(const StateBuffers& s) {
+  std::vector<Region> r = {region("state.dc", s.dc)};
+  add_regions(r, "state.dy_col", s.dy_col);
+  add_regions(r, "state.dc_col", s.dc_col);
+  return r;
+}
+
+
+void check_grad_matrices(const Problem& p, const WeightGrads& g, Device d) {
+  const int64_t E = p.experts, H = p.hidden, F = p.ffn;
+  check_weight_layout(p, g.dw1, "grads.dw1");
+  check_weight_layout(p, g.dw2, "grads.dw2");
+  check_experts(g.dw1, "grads.dw1", {DType::f32, DType::bf16}, E, 2 * F, H, d);
+  check_experts(g.dw2, "grads.dw2", {DType::f32, DType::bf16}, E, H, F, d);
+  const DType t1 = g.dw1.per_expert() ? g.dw1.dtype : g.dw1.dense.dtype;
+  const DType t2 = g.dw2.per_expert() ? g.dw2.dtype : g.dw2.dense.dtype;
+  if (g.accumulate && (t1 != DType::f32 || t2 != DType::f32))
+    throw Error("grads.accumulate", "accumulate=true needs f32 weight-gradient buffers (dw1 is " +
+                                        std::string(dtype_name(t1)) + ", dw2 is " + dtype_name(t2) + ")");
+}
+
+void check_bias_grads(const Problem& p, const WeightGrads& g, Device d) {
+  auto one = [&](bool wanted, const TensorView& t, const char* name, const char* flag, int64_t n) {
+    if (!wanted) {
+      if (t.data) throw Error(name, std::string("given but problem.") + flag + " is false");
+      return;
+    }
+    check_tensor_dtypes(t, name, {DType::f32, DType::bf16}, {p.experts, n}, d);
+    if (g.accumulate && t.dtype != DType::f32)
+      throw Error(name, "accumulate=true needs an f32 buffer, got " + std::string(dtype_name(t.dtype)));
+  };
+  one(p.fc1_bias, g.db1, "grads.db1", "fc1_bias", 2 * p.ffn);
+  one(p.fc2_bias, g.db2, "grads.db2", "fc2_bias", p.hidden);
+}
+
+std::vector<Region> grad_regions(const WeightGrads& g) {
+  return {region("grads.dw1", g.dw1.dense), region("grads.dw2", g.dw2.dense), region("grads.db1", g.db1),
+          region("grads.db2", g.db2)};
+}
+
+// The forward's inputs and what it saved (caller memory when restored from StateBuffers).
+std::vector<Region> saved_input_regions(const SavedImpl& s) {
+  std::vector<Region> r = input_regions(s.refs);
+  r.push_back(region("saved.c", s.c.view));
+  r.push_back(region("saved.a", s.a_bf16.view));
+  add_regions(r, "saved.x_col", s.x_col.view);
+  add_regions(r, "saved.a_col", s.a_col.view);
+  return r;
+}
+
+
+}  // namespace
+
+void validate_forward(const Problem& p, const ForwardArgs& a, const StateBuffers* into, ScaleLayout layout) {
+  validate_problem(p);  // first: a bad problem is reported before what it makes of x's shape
+  const Device d = a.x.device;
+  const int64_t T = tokens_of(a.x, "x", p.hidden);
+  validate_inputs(p, a, T, d, true);
+  check_tensor(a.y, "y", DType::bf16, {T, p.hidden}, d);
+  std::vector<Region> outs = {region("y", a.y)};
+  if (into) {
+    check_saved_buffers(p, *into, T, layout, d);
+    for (const Region& r : saved_buffer_regions(*into)) outs.push_back(r);
+  }
+  check_no_alias(outs, input_regions(a));
+}
+
+int64_t validate_restore_saved(const Problem& p, const ForwardArgs& inputs, const StateBuffers& saved) {
+  if (saved.c.rank != 2) throw Error("saved.c", "shape " + shape_string(saved.c) + " must be [T, 2F]");
+  const int64_t T = saved.c.shape[0];
+  const Device d = saved.c.device;
+  validate_inputs(p, inputs, T, d, p.recipe == Recipe::bf16);
+  check_saved_buffers(p, saved, T, saved.x_col.layout, d);
+  return T;
+}
+
+void validate_backward(SavedState& saved, const BackwardArgs& a, const StateBuffers* into, ScaleLayout layout) {
+  if (!saved.valid()) throw Error("saved", "empty SavedState (forward() did not produce it)");
+  SavedImpl& s = saved.impl();
+  if (s.consumed) throw Error("saved", "this SavedState was already consumed by backward()");
+  const Problem& p = s.problem;
+  const Device d = s.device;
+  const int64_t T = s.tokens, H = p.hidden;
+  check_tensor(a.dy, "dy", DType::bf16, {T, H}, d);
+  check_tensor(a.dx, "dx", DType::bf16, {T, H}, d);
+  check_tensor(a.dprobs, "dprobs", DType::f32, {T}, d);
+  if (a.wgrad == WgradMode::now) check_grad_matrices(p, a.grads, d);
+  check_bias_grads(p, a.grads, d);
+  std::vector<Region> outs = {region("dx", a.dx), region("dprobs", a.dprobs)};
+  for (const Region& r : grad_regions(a.grads)) outs.push_back(r);
+  if (into) {
+    if (a.wgrad != WgradMode::deferred) throw Error("wgrad", "state buffers are for a deferred weight gradient only");
+    check_deferred_buffers(p, *into, T, layout, d);
+    for (const Region& r : deferred_buffer_regions(*into)) outs.push_back(r);
+  }
+  std::vector<Region> ins = saved_input_regions(s);
+  ins.push_back(region("dy", a.dy));
+  check_no_alias(outs, ins);
+}
+
+int64_t validate_restore_wgrad(const Problem& p, const ForwardArgs& inputs, const TensorView& dy,
+                               const StateBuffers& state) {
+  validate_problem(p);
+  const bool mx = p.recipe == Recipe::mxfp8;
+  const TensorView& rows = mx ? state.x_col.data : state.a;
+  if (rows.rank != 2) throw Error(mx ? "saved.x_col.data" : "saved.a", "shape " + shape_string(rows) + " must be 2-D");
+  const int64_t T = rows.shape[0], E = p.experts, H = p.hidden, F = p.ffn;
+  const Device d = rows.device;
+  const ScaleLayout layout = state.x_col.layout;
+  check_offsets(inputs.offsets, "offsets", E, T, d);
+  if (mx) {
+    check_state_mxfp8(state.x_col, "saved.x_col", T, H, E, layout, d);
+    check_state_mxfp8(state.a_col, "saved.a_col", T, F, E, layout, d);
+  } else {
+    check_tensor(inputs.x, "x", DType::bf16, {T, H}, d);
+    check_tensor(dy, "dy", DType::bf16, {T, H}, d);
+    check_tensor(state.a, "saved.a", DType::bf16, {T, F}, d);
+  }
+  check_deferred_buffers(p, state, T, layout, d);
+  return T;
+}
+
+void validate_compute_wgrad(WgradState& state, const WeightGrads& grads) {
+  if (!state.pending()) throw Error("state", "no deferred weight gradient is pending in this WgradState");
+  const WgradImpl& w = state.impl();
+  check_grad_matrices(w.problem, grads, w.device);
+  std::vector<Region> ins = {region("offsets", w.offsets.offsets), region("x", w.x_bf16), region("dy", w.dy_bf16),
+                             region("a", w.a_bf16.view), region("dc", w.dc_bf16.view)};
+  add_regions(ins, "x_col", w.x_col.view);
+  add_regions(ins, "a_col", w.a_col.view);
+  add_regions(ins, "dy_col", w.dy_col.view);
+  add_regions(ins, "dc_col", w.dc_col.view);
+  check_no_alias({region("grads.dw1", grads.dw1.dense), region("grads.dw2", grads.dw2.dense)}, ins);
+}
+
+}  // namespace mxmoe::detail

@@ -1,0 +1,23 @@
+// Argument validation of the grouped-MLP entry points (forward, backward, the restore functions,
+// compute_wgrad), all in src/api/layer_validate.cpp on top of the generic checks of validate.h.
+// Each throws mxmoe::Error naming the argument and its value, before anything is written.
+#pragma once
+#include <cstdint>
+
+#include "mxmoe/grouped_mlp.h"
+
+namespace mxmoe::detail {
+
+// forward(): the problem, every input, y, and `into` (caller-owned saved buffers) when given.
+void validate_forward(const Problem& p, const ForwardArgs& a, const StateBuffers* into, ScaleLayout layout);
+// restore_saved_state(): returns T.
+int64_t validate_restore_saved(const Problem& p, const ForwardArgs& inputs, const StateBuffers& saved);
+// backward(): the saved state, dy, every output, and `into` (deferred-wgrad buffers) when given.
+void validate_backward(SavedState& saved, const BackwardArgs& a, const StateBuffers* into, ScaleLayout layout);
+// restore_wgrad_state(): returns T.
+int64_t validate_restore_wgrad(const Problem& p, const ForwardArgs& inputs, const TensorView& dy,
+                               const StateBuffers& state);
+// compute_wgrad(): a pending state and weight-gradient buffers that overlap none of its operands.
+void validate_compute_wgrad(WgradState& state, const WeightGrads& grads);
+
+}  // namespace mxmoe::detail

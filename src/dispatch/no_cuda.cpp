@@ -1,25 +1,17 @@
 // Without CUDA the GPU backends still exist in the registry, so `mxmoe info` and every report say
 // why they are unavailable instead of silently omitting them.
-#include "src/dispatch/backend.h"
+#include "src/dispatch/refusing_backend.h"
 
 #if !defined(MXMOE_WITH_CUDA)
 namespace mxmoe {
 namespace detail {
 namespace {
 
-class UnbuiltBackend final : public Backend {
+class UnbuiltBackend final : public RefusingBackend {
  public:
-  explicit UnbuiltBackend(const char* name) : name_(name) {}
+  explicit UnbuiltBackend(const char* name) : RefusingBackend("mxmoe was built without CUDA"), name_(name) {}
   const char* name() const override { return name_; }
   Probe probe_device(Device) const override { return {false, "mxmoe was built without CUDA (nvcc not found)"}; }
-  Probe probe(const StepQuery&) const override { return {false, "mxmoe was built without CUDA"}; }
-  [[noreturn]] void unreachable() const { throw Error("backend", std::string(name_) + " is not built"); }
-  void quantize(Context&, const QuantizeArgs&) override { unreachable(); }
-  void dequantize(Context&, const DequantizeArgs&) override { unreachable(); }
-  void quantize_experts(Context&, const QuantizeExpertsStep&) override { unreachable(); }
-  void gemm_m(Context&, const MGemmStep&) override { unreachable(); }
-  void gemm_k(Context&, const KGroupedGemmArgs&) override { unreachable(); }
-  void fc2_bias_grads(Context&, const Fc2BiasGradStep&) override { unreachable(); }
 
  private:
   const char* name_;

@@ -4,7 +4,7 @@
 //   dprob_add_t = dY_t . b2_{e(t)}                              (scale_by_probs only; one warp per row)
 #include "src/cuda/common/check.h"
 #include "src/cuda/cuda_ops.h"
-#include "src/cuda/portable/reductions.h"
+#include "src/cuda/common/reductions.h"
 
 namespace mxmoe::cuda::portable {
 
@@ -18,25 +18,19 @@ void fc2_bias_grads(const detail::Fc2BiasGradStep& s, void* stream_ptr) {
   const int32_t tiles_bound = m_tiles_bound(rows, experts, kBlockM);
   const int64_t ws_floats = want_db2 ? static_cast<int64_t>(tiles_bound) * cols : 0;
 
-  Workspace ws(Workspace::aligned(experts * sizeof(GroupInfo)) + Workspace::aligned(tiles_bound * sizeof(TileInfo)) +
-                   Workspace::aligned(ws_floats * 4),
-               stream);
-  GroupInfo* groups = ws.take<GroupInfo>(experts);
-  TileInfo* tiles = ws.take<TileInfo>(tiles_bound);
+  Workspace ws(group_schedule_bytes(experts, rows, kBlockM) + Workspace::aligned(ws_floats * 4), stream);
+  const GroupSchedule sched = build_group_schedule(s.offsets.data(), experts, rows, kBlockM, ws, stream);
   float* partial = ws.take<float>(ws_floats);
-  launch_build_schedule(s.offsets.data(), experts, rows, kBlockM, groups, tiles, tiles_bound, stream);
   const uint16_t* dy = s.dy.ptr<const uint16_t>();
 
   if (want_db2) {
-    const Schedule sched{groups, tiles, tiles_bound};
-    launch_tile_column_sums(dy, cols, sched, kBlockM, s.scale_by_probs ? s.probs.ptr<const float>() : nullptr,
-                            partial, stream);
+    launch_tile_column_sums(dy, cols, sched, s.scale_by_probs ? s.probs.ptr<const float>() : nullptr, partial,
+                            stream);
     const GradDst dst{s.db2.dst.data, s.db2.dst.dtype == DType::f32, s.db2.accumulate};
-    launch_reduce_expert_tiles(partial, cols, groups, experts, kBlockM, dst, stream);
+    launch_reduce_expert_tiles(partial, cols, sched, dst, stream);
   }
   if (want_dprob)
-    launch_row_bias_dot(dy, rows, cols, groups, experts, s.b2.ptr<const uint16_t>(), s.dprob_add.ptr<float>(),
-                        stream);
+    launch_row_bias_dot(dy, rows, cols, sched, s.b2.ptr<const uint16_t>(), s.dprob_add.ptr<float>(), stream);
 }
 
 }  // namespace mxmoe::cuda::portable

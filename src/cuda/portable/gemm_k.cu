@@ -38,10 +38,9 @@ void gemm_k(const KGroupedGemmArgs& a, void* stream_ptr) {
   p.accumulate = a.accumulate && p.d_f32;
   p.d = expert_ptrs(a.d, m * n, p.d_f32 ? 4 : 2);
 
-  Workspace ws(Workspace::aligned(experts * sizeof(GroupInfo)), stream);
-  GroupInfo* groups = ws.take<GroupInfo>(experts);
-  launch_build_schedule(a.offsets.data(), experts, rows, 0, groups, nullptr, 0, stream);
-  p.groups = groups;
+  // Row ranges and scale chunks only: each CTA loops over its expert's rows (no m-tiles).
+  Workspace ws(group_schedule_bytes(experts, rows, /*block_m=*/0), stream);
+  p.groups = build_group_schedule(a.offsets.data(), experts, rows, /*block_m=*/0, ws, stream).groups;
   if (fp8) launch_gemm_k<true>(p, experts, stream);
   else launch_gemm_k<false>(p, experts, stream);
 }

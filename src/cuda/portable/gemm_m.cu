@@ -5,7 +5,7 @@
 #include "src/cuda/common/check.h"
 #include "src/cuda/cuda_ops.h"
 #include "src/cuda/portable/launch.h"
-#include "src/cuda/portable/reductions.h"
+#include "src/cuda/common/reductions.h"
 
 namespace mxmoe::cuda::portable {
 namespace {
@@ -112,11 +112,9 @@ void gemm_m(const detail::MGemmStep& s, void* stream_ptr) {
   const bool want_db1 = bwd && s.db1.dst.data != nullptr;
   const int64_t dprob_floats = want_dprob ? static_cast<int64_t>(p.n_tiles) * rows : 0;
   const int64_t db1_floats = want_db1 ? static_cast<int64_t>(tiles_bound) * 2 * s.ffn : 0;
-  Workspace ws(Workspace::aligned(experts * sizeof(GroupInfo)) + Workspace::aligned(tiles_bound * sizeof(TileInfo)) +
-                   Workspace::aligned(dprob_floats * 4) + Workspace::aligned(db1_floats * 4),
+  Workspace ws(group_schedule_bytes(experts, rows, kBlockM) + Workspace::aligned(dprob_floats * 4) +
+                   Workspace::aligned(db1_floats * 4),
                stream);
-  GroupInfo* groups = ws.take<GroupInfo>(experts);
-  TileInfo* tiles = ws.take<TileInfo>(tiles_bound);
   if (want_dprob) {
     p.ws_dprob = ws.take<float>(dprob_floats);
     // Rows outside every group (only with bad offsets) then still read defined zeros.
@@ -124,8 +122,7 @@ void gemm_m(const detail::MGemmStep& s, void* stream_ptr) {
   }
   if (want_db1) p.ws_db1 = ws.take<float>(db1_floats);
 
-  launch_build_schedule(g.offsets.data(), experts, rows, kBlockM, groups, tiles, tiles_bound, stream);
-  p.sched = Schedule{groups, tiles, tiles_bound};
+  p.sched = build_group_schedule(g.offsets.data(), experts, rows, kBlockM, ws, stream);
 
   if (fp8) {
     if (g.b_kn) launch_by_epilogue<true, Major::mn>(epi, p, stream);
@@ -139,7 +136,7 @@ void gemm_m(const detail::MGemmStep& s, void* stream_ptr) {
     launch_reduce_dprob(p.ws_dprob, p.n_tiles, rows, s.dprob_add.ptr<const float>(), s.dprobs.ptr<float>(), stream);
   if (want_db1) {
     const GradDst dst{s.db1.dst.data, s.db1.dst.dtype == DType::f32, s.db1.accumulate};
-    launch_reduce_expert_tiles(p.ws_db1, 2 * s.ffn, groups, experts, kBlockM, dst, stream);
+    launch_reduce_expert_tiles(p.ws_db1, 2 * s.ffn, p.sched, dst, stream);
   }
 }
 

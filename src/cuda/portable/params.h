@@ -6,7 +6,7 @@
 #include "mxmoe/mxfp8_layout.h"
 #include "src/common/experts.h"
 #include "src/common/glu.h"
-#include "src/cuda/portable/schedule.h"
+#include "src/cuda/common/group_schedule.h"
 
 namespace mxmoe::cuda::portable {
 
@@ -29,7 +29,7 @@ struct MxOut {
 };
 
 struct MGemmParams {
-  Schedule sched;
+  GroupSchedule sched;  // block_m = kTileMN
   int32_t n_tiles = 0;  // CTA columns
   int64_t rows = 0;     // T
   int64_t n = 0;        // GEMM width: N (store), 2F (glu_forward), F (glu_backward)

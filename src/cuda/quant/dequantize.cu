@@ -1,8 +1,8 @@
 // cuda::dequantize: MXFP8 -> f32 or bf16.
 //
 // In:  e4m3 data [M, K] with E8M0 scales, row-wise (1x32 along K) or column-wise (32x1 along M,
-//      blocks restarting at each group's first row; group offsets on the device, tile table as in
-//      quantize), compact or swizzled scale layout.
+//      blocks restarting at each group's first row; group offsets on the device, group schedule as
+//      in quantize), compact or swizzled scale layout.
 // Out: dst [M, K] f32, or bf16 (round to nearest even) = e4m3_to_f32(q) * e8m0_to_f32(e).
 // Same 32 x 128 tile as quantize (4 rows x 8 columns per thread); no shared memory.
 // Run: mxmoe_gpu_tests --gtest_filter='QuantGpu*Dequant*'
@@ -19,7 +19,7 @@ struct DequantizeParams {
   const uint8_t* scales = nullptr;
   ScaleLayout layout = ScaleLayout::compact;
   int64_t rows = 0, cols = 0, col_tiles = 0;
-  const TileInfo* table = nullptr;  // column-wise with groups; nullptr = one group / row-wise
+  GroupSchedule sched;              // column-wise with groups (block_m 32); none = one group / row-wise
   void* dst = nullptr;
 };
 
@@ -61,7 +61,7 @@ template <bool kColwise, class Out>
 __global__ void __launch_bounds__(kThreads) dequantize_kernel(const DequantizeParams p) {
   const int64_t row_tile = blockIdx.x / p.col_tiles;
   const int64_t col_tile = blockIdx.x % p.col_tiles;
-  const TileInfo tile = resolve_tile(p.table, row_tile, p.rows);
+  const RowTile tile = resolve_tile(p.sched, row_tile, p.rows);
   const int n_rows = tile_rows(tile);
   if (n_rows == 0) return;
 
@@ -148,9 +148,10 @@ void dequantize(const DequantizeArgs& a, void* stream_ptr) {
     launch<false>(p, ceil_div(m, kTileRows), bf16, stream);
     return;
   }
-  const TileTable tiles(a.groups, m, stream);
-  p.table = tiles.tiles();
-  launch<true>(p, tiles.count(), bf16, stream);
+  Workspace ws(row_tiles_workspace_bytes(a.groups, m), stream);
+  const RowTiles tiles = row_tiles(a.groups, m, ws, stream);
+  p.sched = tiles.sched;
+  launch<true>(p, tiles.count, bf16, stream);
 }
 
 }  // namespace mxmoe::cuda

@@ -1,6 +1,6 @@
-// Shared pieces of the MXFP8 quantize / dequantize kernels: the CTA tile, the row-tile table that
-// maps a CTA to (group, local 32-row block) from device-resident group offsets, and the 8-wide
-// load/convert/store helpers.
+// Shared pieces of the MXFP8 quantize / dequantize kernels: the CTA tile, the mapping of a CTA to
+// (group, local 32-row block) through the device-built group schedule (block_m = 32,
+// src/cuda/common/group_schedule.h), and the 8-wide load/convert/store helpers.
 //
 // Tile: one CTA of kThreads = 128 threads owns kTileRows = 32 rows x kTileCols = 128 columns of an
 // [M, K] matrix. Thread t owns 8 consecutive columns (c8 = t % 16) of the rows rg, rg+8, rg+16,
@@ -15,6 +15,7 @@
 
 #include "mxmoe/groups.h"
 #include "mxmoe/numerics.h"
+#include "src/cuda/common/group_schedule.h"
 
 namespace mxmoe::cuda::quant {
 
@@ -30,9 +31,9 @@ static_assert(kRowGroups * kRowsPerThread == kTileRows, "thread rows must cover 
 static_assert(kColThreads * kRowGroups == kThreads, "threads must cover the tile");
 static_assert(kLanesPerRowBlock == 4, "row-wise amax reduction uses shfl_xor 1 and 2");
 
-// One 32-row block of one group. group_rows <= 0 marks a tile beyond the last used one (the grid is
-// sized from the upper bound ceil(M/32) + E, the table from the device offsets).
-struct alignas(16) TileInfo {
+// One 32-row block of one group, as a CTA sees it. group_rows 0 marks a CTA past the last block of
+// the last group (the grid is sized from the upper bound ceil(M/32) + E).
+struct RowTile {
   int32_t row_begin;   // first row of the tile (global row index within the matrix)
   int32_t group_rows;  // m_e of the tile's group
   int32_t block;       // j: block index inside the group
@@ -40,42 +41,46 @@ struct alignas(16) TileInfo {
 };
 
 // Rows of the tile that exist (0 for an unused tile).
-__device__ __forceinline__ int tile_rows(const TileInfo& t) {
+__device__ __forceinline__ int tile_rows(const RowTile& t) {
   const int rest = t.group_rows - t.block * kTileRows;
   return rest < 0 ? 0 : (rest > kTileRows ? kTileRows : rest);
 }
 
-// Tile `y` of a matrix: from the table when the rows are grouped, else block y of one group of
-// `rows` rows (also used for row-wise-only work, which does not care about groups).
-__device__ __forceinline__ TileInfo resolve_tile(const TileInfo* table, int64_t y, int64_t rows) {
-  if (table != nullptr) return table[y];
-  TileInfo t;
-  t.row_begin = static_cast<int32_t>(y * kTileRows);
-  t.group_rows = static_cast<int32_t>(rows);
-  t.block = static_cast<int32_t>(y);
-  t.chunk_row = 0;
+// Tile `y` of a matrix: from the schedule's m-tiles when the rows are grouped, else block y of one
+// group of `rows` rows (also used for row-wise-only work, which does not care about groups).
+__device__ __forceinline__ RowTile resolve_tile(const GroupSchedule& sched, int64_t y, int64_t rows) {
+  RowTile t{0, 0, 0, 0};
+  if (sched.tiles == nullptr) {
+    t.row_begin = static_cast<int32_t>(y * kTileRows);
+    t.group_rows = static_cast<int32_t>(rows);
+    t.block = static_cast<int32_t>(y);
+    return t;
+  }
+  const TileInfo m_tile = sched.tiles[y];
+  if (m_tile.expert < 0) return t;
+  const GroupInfo g = sched.groups[m_tile.expert];
+  t.row_begin = m_tile.row0;
+  t.group_rows = g.end - g.begin;
+  t.block = (m_tile.row0 - g.begin) / kTileRows;
+  t.chunk_row = g.col_chunk;
   return t;
 }
 
-// Device-side row-tile table built by one small kernel on the stream from device offsets (never
-// read on the host). Owns a stream-ordered workspace (cudaMallocAsync, legal in graph capture),
-// released with cudaFreeAsync on the same stream when the object dies.
-class TileTable {
- public:
-  // groups without offsets (or E == 0): no table, `count` = ceil(rows / 32).
-  TileTable(const GroupOffsets& groups, int64_t rows, cudaStream_t stream);
-  ~TileTable();
-  TileTable(const TileTable&) = delete;
-  TileTable& operator=(const TileTable&) = delete;
-  const TileInfo* tiles() const { return tiles_; }
-  int64_t count() const { return count_; }  // row tiles to launch (upper bound when grouped)
-
- private:
-  void* workspace_ = nullptr;
-  const TileInfo* tiles_ = nullptr;
-  int64_t count_ = 0;
-  cudaStream_t stream_ = nullptr;
+// The schedule of a matrix of `rows` rows split by `groups` (no offsets or E = 0: no schedule,
+// one group of `rows` rows), with the row tiles to launch (an upper bound when grouped).
+struct RowTiles {
+  GroupSchedule sched;
+  int64_t count = 0;
 };
+inline int64_t row_tiles_workspace_bytes(const GroupOffsets& groups, int64_t rows) {
+  return groups.offsets.data != nullptr ? group_schedule_bytes(groups.experts(), rows, kTileRows) : 0;
+}
+inline RowTiles row_tiles(const GroupOffsets& groups, int64_t rows, Workspace& ws, cudaStream_t stream) {
+  RowTiles t;
+  if (groups.offsets.data != nullptr) t.sched = build_group_schedule(groups.data(), groups.experts(), rows, kTileRows, ws, stream);
+  t.count = t.sched.tiles != nullptr ? t.sched.tiles_bound : ceil_div(rows, kTileRows);
+  return t;
+}
 
 // ---- 8-wide helpers; `vec` selects 16/8-byte accesses (aligned, K % 8 == 0) over scalar ones ----
 

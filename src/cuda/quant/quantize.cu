@@ -1,10 +1,11 @@
 // cuda::quantize: MXFP8 quantize of a bf16 [M, K] activation, row-wise and/or column-wise in one
 // pass over the input (kernel: quantize_kernel.cuh), column-wise blocks restarting at each group's
-// first row with the group offsets read on the device only (tile table: tile_table.cu).
+// first row with the group offsets read on the device only (group schedule with 32-row m-tiles:
+// src/cuda/common/group_schedule.h).
 //
 // Stream order: memset of the scale buffers (padding and the unused tail rows of the column-wise
-// capacity, whose position depends on the device offsets) -> tile-table kernel (grouped column-wise
-// only) -> quantize kernel. No host synchronisation, so it can be captured in a CUDA graph.
+// capacity, whose position depends on the device offsets) -> group-schedule kernel (grouped
+// column-wise only) -> quantize kernel. No host synchronisation, so it can be captured in a CUDA graph.
 // Run: mxmoe_gpu_tests --gtest_filter='QuantGpu*'
 #include <string>
 
@@ -70,10 +71,11 @@ void quantize(const QuantizeArgs& a, void* stream_ptr) {
   }
   // Row-wise alone does not care about groups: plain 32-row tiles over M. With a column-wise output
   // the tiles follow the groups (the row-wise output is indifferent to which 32 rows a CTA holds).
-  const GroupOffsets none{};
-  const TileTable tiles(col ? a.groups : none, m, stream);
-  p.table = tiles.tiles();
-  launch_quantize(p, tiles.count(), 1, stream);
+  const GroupOffsets groups = col ? a.groups : GroupOffsets{};
+  Workspace ws(row_tiles_workspace_bytes(groups, m), stream);
+  const RowTiles tiles = row_tiles(groups, m, ws, stream);
+  p.sched = tiles.sched;
+  launch_quantize(p, tiles.count, 1, stream);
 }
 
 }  // namespace mxmoe::cuda

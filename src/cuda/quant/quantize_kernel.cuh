@@ -21,7 +21,7 @@ struct QuantizeParams {
   ExpertPtrs src;                // bf16 matrices (one for cuda::quantize)
   int64_t rows = 0, cols = 0;    // of one matrix
   int64_t col_tiles = 0;         // ceil(cols / kTileCols); blockIdx.x = row_tile * col_tiles + col_tile
-  const TileInfo* table = nullptr;  // grouped column-wise tiles; nullptr = one group of `rows`
+  GroupSchedule sched;           // grouped column-wise tiles (block_m 32); none = one group of `rows`
   uint8_t* row_data = nullptr;   // e4m3 [E, rows, cols]
   uint8_t* row_scales = nullptr;
   ScaleLayout row_layout = ScaleLayout::compact;
@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const QuantizeParams
   const int64_t row_tile = blockIdx.x / p.col_tiles;
   const int64_t col_tile = blockIdx.x % p.col_tiles;
   const int64_t matrix = blockIdx.y;
-  const TileInfo tile = resolve_tile(p.table, row_tile, p.rows);
+  const RowTile tile = resolve_tile(p.sched, row_tile, p.rows);
   const int n_rows = tile_rows(tile);
   if (n_rows == 0) return;  // past the last block of the last group (uniform over the CTA)
 

@@ -3,9 +3,9 @@
 // run to run.
 #include "mxmoe/numerics.h"
 #include "src/cuda/common/check.h"
-#include "src/cuda/portable/reductions.h"
+#include "src/cuda/common/reductions.h"
 
-namespace mxmoe::cuda::portable {
+namespace mxmoe::cuda {
 namespace {
 
 constexpr int kBlock = 256;
@@ -43,8 +43,9 @@ __global__ void reduce_expert_tiles_kernel(const float* __restrict__ ws, int64_t
 }
 
 // One CTA per (tile, 512 columns); each thread sums two adjacent columns down the tile's rows.
-__global__ void tile_column_sums_kernel(const uint16_t* __restrict__ x, int64_t cols, Schedule sched, int block_m,
+__global__ void tile_column_sums_kernel(const uint16_t* __restrict__ x, int64_t cols, GroupSchedule sched,
                                         const float* __restrict__ probs, float* __restrict__ ws) {
+  const int block_m = sched.block_m;
   const int tile = blockIdx.x;
   const int64_t c = (static_cast<int64_t>(blockIdx.y) * kBlock + threadIdx.x) * 2;
   const TileInfo ti = sched.tiles[tile];
@@ -105,28 +106,28 @@ void launch_reduce_dprob(const float* ws, int parts, int64_t rows, const float* 
   MXMOE_CUDA_CHECK_LAUNCH();
 }
 
-void launch_reduce_expert_tiles(const float* ws, int64_t cols, const GroupInfo* groups, int64_t experts,
-                                int block_m, GradDst dst, cudaStream_t stream) {
-  if (cols == 0 || experts == 0 || dst.data == nullptr) return;
-  const dim3 grid(blocks(cols, kBlock), static_cast<unsigned>(experts));
-  reduce_expert_tiles_kernel<<<grid, kBlock, 0, stream>>>(ws, cols, groups, block_m, dst);
+void launch_reduce_expert_tiles(const float* ws, int64_t cols, const GroupSchedule& sched, GradDst dst,
+                                cudaStream_t stream) {
+  if (cols == 0 || sched.experts == 0 || dst.data == nullptr) return;
+  const dim3 grid(blocks(cols, kBlock), static_cast<unsigned>(sched.experts));
+  reduce_expert_tiles_kernel<<<grid, kBlock, 0, stream>>>(ws, cols, sched.groups, sched.block_m, dst);
   MXMOE_CUDA_CHECK_LAUNCH();
 }
 
-void launch_tile_column_sums(const uint16_t* x, int64_t cols, const Schedule& sched, int block_m,
-                             const float* probs, float* ws, cudaStream_t stream) {
+void launch_tile_column_sums(const uint16_t* x, int64_t cols, const GroupSchedule& sched, const float* probs,
+                             float* ws, cudaStream_t stream) {
   if (cols == 0 || sched.tiles_bound == 0) return;
   const dim3 grid(static_cast<unsigned>(sched.tiles_bound), blocks(cols, 2 * kBlock));
-  tile_column_sums_kernel<<<grid, kBlock, 0, stream>>>(x, cols, sched, block_m, probs, ws);
+  tile_column_sums_kernel<<<grid, kBlock, 0, stream>>>(x, cols, sched, probs, ws);
   MXMOE_CUDA_CHECK_LAUNCH();
 }
 
-void launch_row_bias_dot(const uint16_t* x, int64_t rows, int64_t cols, const GroupInfo* groups, int64_t experts,
+void launch_row_bias_dot(const uint16_t* x, int64_t rows, int64_t cols, const GroupSchedule& sched,
                          const uint16_t* bias, float* out, cudaStream_t stream) {
-  if (rows == 0 || experts == 0) return;
-  row_bias_dot_kernel<<<blocks(rows, kBlock / 32), kBlock, 0, stream>>>(x, rows, cols, groups,
-                                                                         static_cast<int>(experts), bias, out);
+  if (rows == 0 || sched.experts == 0) return;
+  row_bias_dot_kernel<<<blocks(rows, kBlock / 32), kBlock, 0, stream>>>(x, rows, cols, sched.groups, sched.experts,
+                                                                         bias, out);
   MXMOE_CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace mxmoe::cuda::portable
+}  // namespace mxmoe::cuda

@@ -57,7 +57,7 @@ typedef void (*mxmoe_free_fn)(void* ptr, int64_t bytes, int32_t device_type, int
 
 typedef struct mxmoe_options {
   size_t struct_size;
-  const char* backend; /* force: "cpu", "cuda_portable", "cuda_sm90"; NULL = best available */
+  const char* backend; /* force one by name (`mxmoe info` lists them); NULL = best */
   const char* deny;    /* comma-separated backends never to use; NULL = none */
   int32_t swizzled_scales;
   void* stream;        /* cudaStream_t; NULL = legacy default stream */

@@ -21,7 +21,7 @@ struct Allocator {
 };
 
 struct Options {
-  // Force one backend by name ("cpu", "cuda_portable", "cuda_sm90"); empty = best available.
+  // Force one backend by name (`mxmoe info` lists the registered ones); empty = best available.
   // Environment: MXMOE_BACKEND. A forced backend that cannot serve a step is an error naming why.
   std::string backend;
   // Never use these backends. Environment: MXMOE_DENY=name[,name...].

@@ -25,10 +25,10 @@ Context::Context(Options options) : impl_(std::make_unique<detail::ContextImpl>(
     if (const char* env = std::getenv("MXMOE_BACKEND")) options.backend = env;
   for (const std::string& d : split_list(std::getenv("MXMOE_DENY"))) options.deny.push_back(d);
   if (!options.backend.empty() && !detail::find_backend(options.backend))
-    throw Error("options.backend", "unknown backend '" + options.backend + "' (known: cpu, cuda_portable, cuda_sm90)");
+    throw Error("options.backend", "unknown backend '" + options.backend + "' (known: " + detail::backend_names() + ")");
   for (const std::string& d : options.deny)
     if (!detail::find_backend(d))
-      throw Error("options.deny", "unknown backend '" + d + "' (known: cpu, cuda_portable, cuda_sm90)");
+      throw Error("options.deny", "unknown backend '" + d + "' (known: " + detail::backend_names() + ")");
   impl_->options = std::move(options);
 }
 

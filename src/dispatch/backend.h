@@ -117,6 +117,9 @@ const std::vector<Backend*>& backends();
 void register_backend(Backend* b);
 void unregister_backend(Backend* b);
 Backend* find_backend(const std::string& name);
+// Every registered backend's name, in preference order, comma-separated: the "known" list of
+// error messages and of `mxmoe --help`.
+std::string backend_names();
 
 // Picks the backend for a step, honouring force/deny options, records the decision in the
 // context's report, and throws mxmoe::Error only when no backend can serve the step.

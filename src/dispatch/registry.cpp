@@ -48,6 +48,12 @@ Backend* find_backend(const std::string& name) {
   return nullptr;
 }
 
+std::string backend_names() {
+  std::string s;
+  for (Backend* b : backends()) s += (s.empty() ? "" : ", ") + std::string(b->name());
+  return s;
+}
+
 Backend& select(Context& ctx, const StepQuery& q, const std::string& label) {
   const Options& o = ctx.options();
   StepRecord rec{label.empty() ? to_string(q.step) : label, "", {}};

@@ -5,6 +5,7 @@
 #include <map>
 #include <sstream>
 
+#include "src/api/tooling.h"
 #include "tools/mxmoe/cli.h"
 
 namespace mxmoe::cli {
@@ -40,7 +41,7 @@ std::vector<std::string> split_commas(const std::string& v) {
 }  // namespace
 
 void print_usage(std::FILE* out) {
-  std::fputs(
+  const std::string usage =
       "usage: mxmoe <command> [flags]\n"
       "\n"
       "commands:\n"
@@ -60,14 +61,16 @@ void print_usage(std::FILE* out) {
       "  --scale-fc2-bias       FC2 adds p*b2 instead of b2 (implies --bias)\n"
       "  --weight-layout W      dense (default) | per_expert\n"
       "  --seed N               random inputs (default 1)\n"
-      "  --backend NAME         force a backend (cpu, cuda_portable, cuda_sm90)\n"
+      "  --backend NAME         force a backend (" +
+      detail::backend_names() +
+      ")\n"
       "  --deny NAME[,NAME]     never use these backends (repeatable)\n"
       "  --check-rows N         check N sampled rows and whole sampled experts instead of everything\n"
       "  --json FILE            also write the report as JSON\n"
       "  --dump DIR             write problem.json and every input and output as .npy\n"
       "\n"
-      "exit status: 0 all checks passed, 1 a check failed, 2 bad command line, 3 error\n",
-      out);
+      "exit status: 0 all checks passed, 1 a check failed, 2 bad command line, 3 error\n";
+  std::fputs(usage.c_str(), out);
 }
 
 CliOptions parse_args(int argc, char** argv) {

@@ -11,8 +11,7 @@
 #include <functional>
 #include <random>
 
-#include "src/api/layer_state.h"
-#include "src/dispatch/backend.h"
+#include "src/api/tooling.h"
 #include "tools/mxmoe/cli.h"
 
 #if defined(MXMOE_WITH_CUDA)
@@ -154,7 +153,6 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, uint64_t seed, std::v
                  to_string(recipe), op, ms, flops / ms * 1e-9, bytes / ms * 1e-6);
   };
   const double tHF = double(T) * H * F;
-  const int64_t ab = recipe == Recipe::mxfp8 ? 1 : 2;  // bytes per activation/weight operand element
 
   // Whole layer.
   const double fwd_ms = median_ms([&] { SavedState s = forward(ctx, p, fa); }, stream);
@@ -165,102 +163,61 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, uint64_t seed, std::v
   }, stream);
   add("layer_fwd_bwd", fb_ms, 18 * tHF, 0);
 
-  // The steps, on operands prepared once in the recipe's format.
-  const ScaleLayout layout = ctx.options().scale_layout;
-  Backend& be = select(ctx, {Step::gemm_m, fa.x.device, recipe, 2 * F, H});
-  auto mk_w = [&](const ExpertMatrices& w, int64_t r, int64_t c, BlockAxis axis) {
-    const int64_t per = axis == BlockAxis::row ? rowwise_scale_bytes(r, c) : colwise_matrix_scale_bytes(r, c);
-    auto data = std::make_shared<DevBuf>(E * r * c), sc = std::make_shared<DevBuf>(E * per);
-    QuantizeExpertsStep q{w, E, r, c, dv(*data, DType::e4m3, {E, r, c}), dv(*sc, DType::e8m0, {E, per}), axis, layout};
-    be.quantize_experts(ctx, q);
-    ExpertOperand o;
-    o.data.dense = q.data;
-    o.data.dtype = DType::e4m3;
-    o.scales.dense = q.scales;
-    o.layout = layout;
-    return std::tuple{o, data, sc};
-  };
-  auto mk_act = [&](int64_t cols, const TensorView& src) {
-    OwnedMxfp8 r = make_mxfp8(ctx.options(), fa.x.device, T, cols, BlockAxis::row, layout, E);
-    OwnedMxfp8 c = make_mxfp8(ctx.options(), fa.x.device, T, cols, BlockAxis::col, layout, E);
-    if (src.data) be.quantize(ctx, QuantizeArgs{src, fa.offsets, r.view, c.view});
-    return std::pair{std::move(r), std::move(c)};
-  };
+  // The layer's steps (src/api/layer_steps.h), on operands prepared once in the recipe's format,
+  // each on the backend the layer would choose for it, with the step's own FLOP/byte model.
+  const Options& opt = ctx.options();
+  const Device dev = fa.x.device;
   const bool mx = recipe == Recipe::mxfp8;
-  auto xq = mk_act(H, fa.x);
-  auto dyq = mk_act(H, ba.dy);
-  if (mx) add("quantize_x", median_ms([&] { be.quantize(ctx, QuantizeArgs{fa.x, fa.offsets, xq.first.view, xq.second.view}); }, stream),
-              0, double(T) * H * 4);
-  auto [w1r, w1rd, w1rs] = mk_w(fa.w1, 2 * F, H, BlockAxis::row);
-  auto [w2r, w2rd, w2rs] = mk_w(fa.w2, H, F, BlockAxis::row);
-  auto [w2c, w2cd, w2cs] = mk_w(fa.w2, H, F, BlockAxis::col);
-  auto [w1c, w1cd, w1cs] = mk_w(fa.w1, 2 * F, H, BlockAxis::col);
-  auto op = [&](const Mxfp8View& m, const TensorView& b) { return mx ? Operand{{}, m} : Operand{b, {}}; };
-  auto wop = [&](const ExpertOperand& q, const ExpertMatrices& w) {
-    if (mx) return q;
-    ExpertOperand o;
-    o.data = w;
-    return o;
+  auto time_step = [&](const LayerStep& st) {
+    Backend& b = plan(ctx, st);
+    add(st.label.c_str(), median_ms([&] { run(ctx, b, st); }, stream), st.cost.flops, st.cost.bytes);
   };
-  OwnedTensor c = make_tensor(ctx.options(), fa.x.device, DType::bf16, {T, 2 * F});
-  OwnedTensor a16 = make_tensor(ctx.options(), fa.x.device, DType::bf16, {T, F});
-  OwnedTensor dc16 = make_tensor(ctx.options(), fa.x.device, DType::bf16, {T, 2 * F});
-  auto aq = mk_act(F, {});
-  auto dcq = mk_act(2 * F, {});
+  auto prepare = [&](const LayerStep& st) { run(ctx, plan(ctx, st), st); };
+  auto act = [&](int64_t cols, BlockAxis axis) { return make_mxfp8(opt, dev, T, cols, axis, opt.scale_layout, E); };
+  auto weights = [&](int64_t r, int64_t c, BlockAxis axis) {
+    return make_expert_mxfp8(opt, dev, E, r, c, axis, opt.scale_layout);
+  };
+  auto mx_op = [](const OwnedMxfp8& m) { return Operand{{}, m.view}; };
+  auto bf16_op = [](const TensorView& t) { return Operand{t, {}}; };
 
-  MGemmStep fc1;
-  fc1.epilogue = Epilogue::glu_forward;
-  fc1.gemm.a = op(xq.first.view, fa.x);
-  fc1.gemm.offsets = fa.offsets;
-  fc1.gemm.b = wop(w1r, fa.w1);
-  fc1.probs = fa.probs;
-  fc1.glu = GluParams{p.activation, p.clamp};
-  fc1.glu_layout = p.glu_layout;
-  fc1.ffn = F;
-  fc1.c = c.view;
+  OwnedTensor c = make_tensor(opt, dev, DType::bf16, {T, 2 * F}), a16, dc16;
+  OwnedMxfp8 x_row, x_col, dy_row, dy_col, a_row, a_col, dc_row, dc_col;
+  OwnedExpertMxfp8 w1_row, w2_row, w2_col, w1_col;
+  // Operands as fprop/dgrad (row-wise) and wgrad (column-wise) read them.
+  Operand x_in = bf16_op(fa.x), dy_in = bf16_op(ba.dy), a_in, dc_in, x_w = x_in, dy_w = dy_in, a_w, dc_w;
+  ExpertOperand w1_f{fa.w1, {}, {}}, w2_f{fa.w2, {}, {}}, w1_d = w1_f, w2_d = w2_f;
+  GluOutput a_out, dc_out;
   if (mx) {
-    fc1.out_row = aq.first.view;
-    fc1.out_col = aq.second.view;
+    x_row = act(H, BlockAxis::row), x_col = act(H, BlockAxis::col);
+    dy_row = act(H, BlockAxis::row), dy_col = act(H, BlockAxis::col);
+    a_row = act(F, BlockAxis::row), a_col = act(F, BlockAxis::col);
+    dc_row = act(2 * F, BlockAxis::row), dc_col = act(2 * F, BlockAxis::col);
+    w1_row = weights(2 * F, H, BlockAxis::row), w2_row = weights(H, F, BlockAxis::row);
+    w2_col = weights(H, F, BlockAxis::col), w1_col = weights(2 * F, H, BlockAxis::col);
+    time_step(quantize_x({fa.x, fa.offsets, x_row.view, x_col.view}));
+    prepare(quantize_dy({ba.dy, fa.offsets, dy_row.view, dy_col.view}));
+    for (const OwnedExpertMxfp8* q : {&w1_row, &w1_col}) prepare(quantize_w1(q->quantize_from(fa.w1)));
+    for (const OwnedExpertMxfp8* q : {&w2_row, &w2_col}) prepare(quantize_w2(q->quantize_from(fa.w2)));
+    x_in = mx_op(x_row), x_w = mx_op(x_col), dy_in = mx_op(dy_row), dy_w = mx_op(dy_col);
+    a_in = mx_op(a_row), a_w = mx_op(a_col), dc_in = mx_op(dc_row), dc_w = mx_op(dc_col);
+    w1_f = w1_row.operand, w2_f = w2_row.operand, w1_d = w1_col.operand, w2_d = w2_col.operand;
+    a_out = {.row = a_row.view, .col = a_col.view};
+    dc_out = {.row = dc_row.view, .col = dc_col.view};
   } else {
-    fc1.out_bf16 = a16.view;
+    a16 = make_tensor(opt, dev, DType::bf16, {T, F});
+    dc16 = make_tensor(opt, dev, DType::bf16, {T, 2 * F});
+    a_in = a_w = bf16_op(a16.view);
+    dc_in = dc_w = bf16_op(dc16.view);
+    a_out.bf16 = a16.view;
+    dc_out.bf16 = dc16.view;
   }
-  add("fc1_fprop", median_ms([&] { be.gemm_m(ctx, fc1); }, stream), 4 * tHF,
-      double(T) * H * ab + double(E) * 2 * F * H * ab + double(T) * 2 * F * 2 + double(T) * F * 2 * ab);
-  MGemmStep fc2;
-  fc2.gemm.a = op(aq.first.view, a16.view);
-  fc2.gemm.offsets = fa.offsets;
-  fc2.gemm.b = wop(w2r, fa.w2);
-  fc2.gemm.d = fa.y;
-  add("fc2_fprop", median_ms([&] { be.gemm_m(ctx, fc2); }, stream), 2 * tHF,
-      double(T) * F * ab + double(E) * H * F * ab + double(T) * H * 2);
-  MGemmStep d2 = fc1;
-  d2.epilogue = Epilogue::glu_backward;
-  d2.gemm.a = op(dyq.first.view, ba.dy);
-  d2.gemm.b = wop(w2c, fa.w2);
-  d2.gemm.b_kn = true;
-  d2.dprobs = ba.dprobs;
-  if (mx) {
-    d2.out_row = dcq.first.view;
-    d2.out_col = dcq.second.view;
-  } else {
-    d2.out_bf16 = dc16.view;
-  }
-  add("fc2_dgrad", median_ms([&] { be.gemm_m(ctx, d2); }, stream), 2 * tHF,
-      double(T) * H * ab + double(E) * H * F * ab + double(T) * 2 * F * 2 + double(T) * 2 * F * ab * (mx ? 2 : 1));
-  MGemmStep d1;
-  d1.gemm.a = op(dcq.first.view, dc16.view);
-  d1.gemm.offsets = fa.offsets;
-  d1.gemm.b = wop(w1c, fa.w1);
-  d1.gemm.b_kn = true;
-  d1.gemm.d = ba.dx;
-  add("fc1_dgrad", median_ms([&] { be.gemm_m(ctx, d1); }, stream), 4 * tHF,
-      double(T) * 2 * F * ab + double(E) * 2 * F * H * ab + double(T) * H * 2);
-  KGroupedGemmArgs k2{op(dyq.second.view, ba.dy), op(aq.second.view, a16.view), fa.offsets, ba.grads.dw2, false};
-  add("fc2_wgrad", median_ms([&] { be.gemm_k(ctx, k2); }, stream), 2 * tHF,
-      double(T) * (H + F) * ab + double(E) * H * F * 4);
-  KGroupedGemmArgs k1{op(dcq.second.view, dc16.view), op(xq.second.view, fa.x), fa.offsets, ba.grads.dw1, false};
-  add("fc1_wgrad", median_ms([&] { be.gemm_k(ctx, k1); }, stream), 4 * tHF,
-      double(T) * (2 * F + H) * ab + double(E) * 2 * F * H * 4);
+  time_step(fc1_fprop(p, {.x = x_in, .w1 = w1_f, .offsets = fa.offsets, .probs = fa.probs, .c = c.view, .a = a_out}));
+  time_step(fc2_fprop(p, {.a = a_in, .w2 = w2_f, .offsets = fa.offsets, .probs = fa.probs, .y = fa.y}));
+  time_step(fc2_dgrad(p, {.dy = dy_in, .w2 = w2_d, .offsets = fa.offsets, .probs = fa.probs, .c = c.view,
+                          .dprobs = ba.dprobs, .dc = dc_out}));
+  time_step(fc1_dgrad(p, {.dc = dc_in, .w1 = w1_d, .offsets = fa.offsets, .dx = ba.dx}));
+  time_step(fc2_wgrad(p, {dy_w, a_w, fa.offsets, ba.grads.dw2, false}));
+  time_step(fc1_wgrad(p, {dc_w, x_w, fa.offsets, ba.grads.dw1, false}));
   ok(cudaStreamSynchronize(stream), "sync");
   ok(cudaGetLastError(), "bench");
 }

@@ -11,7 +11,7 @@
 #include <fstream>
 #include <random>
 
-#include "src/cpu/reference_f64.h"
+#include "src/api/tooling.h"
 #include "tools/mxmoe/cli.h"
 
 namespace mxmoe::cli {

@@ -1,25 +1,72 @@
 #!/usr/bin/env python3
-"""Peer measurements beside `mxmoe bench`, on the same GPU in the same session.
+"""Peer measurements beside `mxmoe bench`, on the same GPU in the same session, and the report.
 
-Reads the JSON that `mxmoe bench --json FILE` wrote (its rows and the exact token split of every
-preset/split), times what a Hopper user runs today on the same shapes and splits:
-  - torch._grouped_mm BF16 (device-side int32 offsets) for each GEMM of the layer:
-    FC1/FC2 fprop, FC2/FC1 dgrad (m-grouped), FC2/FC1 wgrad (k-grouped);
-  - the eager-PyTorch BF16 layer forward+backward (grouped_mm + SwiGLU*prob, autograd),
-and prints a markdown table of mxmoe's time against the peer's, with ratios (peer_ms / mxmoe_ms:
-> 1 means mxmoe is faster).
+Reads the JSON that `mxmoe bench --json FILE` wrote (its rows, and the exact token split of every
+preset/split) and times, on the same shapes and splits, what a Hopper user runs today:
+  - torch._grouped_mm BF16 (device-side int32 offsets) for each GEMM of the layer: FC1/FC2 fprop,
+    FC2/FC1 dgrad (m-grouped), FC2/FC1 wgrad (k-grouped); plain GEMMs, no epilogue;
+  - the BF16 layer (grouped_mm -> GLU activation of the preset * router prob -> grouped_mm),
+    forward and forward+backward (autograd), EAGER and under torch.compile;
+  - the peak GPU memory of one forward+backward of the eager and of the compiled layer.
+Ratios are peer_ms / mxmoe_ms: > 1 means mxmoe is faster.
 
-    python3 bench/peer_torch.py --mxmoe-json out/bench.json [--out results.md]
+    python3 bench/peer_torch.py --mxmoe-json out/bench.json --out-dir out   # peer.json bench.md bench.png
+    python3 bench/peer_torch.py --mxmoe-json out/bench.json --out out/peer.md  # markdown only (old form)
+    python3 bench/peer_torch.py --selftest   # table + chart from synthetic JSON; no torch, no GPU
+
+torch is imported only inside the measuring functions, so the report code runs on any machine.
 """
 import argparse
+import datetime
 import json
+import math
+import os
+import shlex
 import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
 
-import torch
-import torch.nn.functional as F
+GEMM_OPS = ["fc1_fprop", "fc2_fprop", "fc2_dgrad", "fc1_dgrad", "fc2_wgrad", "fc1_wgrad"]
+M_GROUPED = {"fc1_fprop", "fc2_fprop", "fc2_dgrad", "fc1_dgrad"}
+LAYER_OPS = ["layer_fwd", "layer_fwd_bwd"]
+ALL_OPS = LAYER_OPS + GEMM_OPS
+FLOP_FACTOR = {"fc1_fprop": 4, "fc2_fprop": 2, "fc2_dgrad": 2, "fc1_dgrad": 4, "fc2_wgrad": 2, "fc1_wgrad": 4,
+               "layer_fwd": 6, "layer_fwd_bwd": 18}  # times T*H*F
+# Targets drawn on the chart and checked in the summary (ratio peer/mxmoe to reach).
+GEMM_TARGET = 1.0
+LAYER_COMPILE_TARGET = {"bf16": 1.10, "mxfp8": 1.15}
+
+# tools/mxmoe/presets.cpp (activation, GLU layout); the JSON's splits do not carry them. A split that
+# does carry "activation"/"glu_layout" keys wins over this table.
+PRESET_GLU = {
+    "small": ("swiglu", "halves"),
+    "dsv3": ("swiglu", "halves"),
+    "qwen3-30b": ("swiglu", "halves"),
+    "gptoss-120b": ("clamped_swiglu", "interleave32"),
+    "mixtral": ("swiglu", "halves"),
+}
+# include/mxmoe/problem.h ClampedSwiglu defaults; src/common/glu.h has the formula:
+#   act = min(a, L) * sigmoid(alpha * min(a, L)) * (clamp(b, -L, L) + linear_offset)
+CLAMP = {"limit": 7.0, "alpha": 1.702, "linear_offset": 1.0}
+GLU_INTERLEAVE = 32  # interleave32: alternating 32-column a/b blocks of FC1's output
+PEER_ROUND = 16      # tokens per expert for the peer's k-grouped GEMMs (and so its layer)
+
+MIB = 1 << 20
 
 
-def median_ms(fn, warmup=3, iters=10):
+# ----------------------------------------------------------------------------------------------
+# Measuring (torch imported lazily)
+# ----------------------------------------------------------------------------------------------
+
+def _err(e):
+    return f"{type(e).__name__}: {e}".strip()
+
+
+def median_ms(fn, warmup, iters):
+    import torch
     for _ in range(warmup):
         fn()
     times = []
@@ -34,89 +81,834 @@ def median_ms(fn, warmup=3, iters=10):
     return statistics.median(times)
 
 
-def peer_rows(split):
-    H, Fd, E, T = split["hidden"], split["ffn"], split["experts"], split["tokens"]
-    sizes = list(split["sizes"])
-    # torch._grouped_mm needs every group's byte extent along a dynamic dimension to be a multiple of
-    # 16 (8 bf16 tokens) for the k-grouped case: round the peer's split down to 16-token multiples and
-    # give the remainder to the largest expert (same T). mxmoe runs the exact split.
-    rounded = [s // 16 * 16 for s in sizes]
-    rounded[max(range(len(sizes)), key=lambda e: sizes[e])] += sum(sizes) - sum(rounded)
-    sizes = torch.tensor(rounded, dtype=torch.int64)
-    offs = torch.cumsum(sizes, 0).to(torch.int32).cuda()  # end offsets, as _grouped_mm wants
-    dev = "cuda"
-    bf = torch.bfloat16
-    x = torch.randn(T, H, device=dev, dtype=bf)
-    dy = torch.randn(T, H, device=dev, dtype=bf)
-    w1 = torch.randn(E, 2 * Fd, H, device=dev, dtype=bf) / H**0.5
-    w2 = torch.randn(E, H, Fd, device=dev, dtype=bf) / Fd**0.5
-    a = torch.randn(T, Fd, device=dev, dtype=bf)
-    dc = torch.randn(T, 2 * Fd, device=dev, dtype=bf)
-    probs = torch.rand(T, device=dev, dtype=torch.float32)
+def rounded_sizes(sizes, mult=PEER_ROUND):
+    """Round every group down to a multiple of `mult`; the remainder goes to the largest group (same T)."""
+    rounded = [s // mult * mult for s in sizes]
+    if sizes:
+        rounded[max(range(len(sizes)), key=lambda e: sizes[e])] += sum(sizes) - sum(rounded)
+    return rounded
+
+
+def glu_of(split):
+    act, layout = PRESET_GLU.get(split["preset"], ("swiglu", "halves"))
+    return split.get("activation", act), split.get("glu_layout", layout)
+
+
+def make_layer(ffn, activation, glu_layout, clamp=CLAMP):
+    """The BF16 layer as a PyTorch user writes it: grouped_mm -> act(a, b) * p (fp32) -> bf16 -> grouped_mm."""
+    import torch
+    import torch.nn.functional as F
+
+    if glu_layout == "halves":
+        groups = 1
+    elif glu_layout == "interleave32":
+        if ffn % GLU_INTERLEAVE:
+            raise ValueError(f"interleave32 needs ffn % 32 == 0, got {ffn}")
+        groups = ffn // GLU_INTERLEAVE
+    else:
+        raise ValueError(f"unknown GLU layout {glu_layout}")
+    if activation not in ("swiglu", "clamped_swiglu"):
+        raise ValueError(f"unknown activation {activation}")
+    width = ffn // groups
+    L, alpha, off = float(clamp["limit"]), float(clamp["alpha"]), float(clamp["linear_offset"])
     gm = torch._grouped_mm
+
+    def layer(x, w1, w2, probs, offs):
+        T = x.shape[0]
+        c = gm(x, w1.transpose(-2, -1), offs=offs)  # [T, 2F]
+        c4 = c.view(T, groups, 2, width)             # halves: [T,1,2,F]; interleave32: [T,F/32,2,32]
+        a = c4[:, :, 0, :].float()
+        b = c4[:, :, 1, :].float()
+        if activation == "swiglu":
+            act = F.silu(a) * b
+        else:
+            ac = a.clamp(max=L)
+            act = ac * torch.sigmoid(alpha * ac) * (b.clamp(-L, L) + off)
+        h = (act * probs[:, None, None]).to(torch.bfloat16).reshape(T, ffn)
+        return gm(h, w2.transpose(-2, -1), offs=offs)  # [T, H]
+
+    return layer
+
+
+def _uniform(shape, scale, dtype):
+    import torch
+    return (torch.rand(shape, device="cuda", dtype=torch.float32) * 2 - 1).mul_(scale).to(dtype)
+
+
+def _cell(fn):
+    """{"ms": ...} or {"error": ...}; never raises."""
+    try:
+        return {"ms": fn()}
+    except Exception as e:  # noqa: BLE001 - a peer failing must not stop the benchmark
+        _cuda_alive()  # let pending work finish (or surface a dead context) before the next cell
+        return {"error": _err(e), "trace": traceback.format_exc(limit=3)}
+
+
+def _cuda_alive():
+    import torch
+    try:
+        torch.cuda.synchronize()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _graph_breaks():
+    """Graph breaks dynamo counted since its last reset (0: the layer compiled as one graph)."""
+    try:
+        from torch._dynamo.utils import counters
+        return int(sum(counters["graph_break"].values()))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _reset_dynamo():
+    import torch
+    try:
+        torch._dynamo.reset()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def peer_gemms(H, Fd, E, T, offs_exact, offs_r, args):
+    """Each GEMM of the layer as one torch._grouped_mm call. m-grouped GEMMs run mxmoe's exact split
+    (group row offsets times K stay 16-byte aligned for every preset's K); the k-grouped ones need
+    16-token groups and run the rounded split."""
+    import torch
+    bf = torch.bfloat16
+    gm = torch._grouped_mm
+    torch.manual_seed(args.seed)
+    x = _uniform((T, H), 1.0, bf)
+    dy = _uniform((T, H), 1.0, bf)
+    w1 = _uniform((E, 2 * Fd, H), 1.0 / math.sqrt(H), bf)
+    w2 = _uniform((E, H, Fd), 1.0 / math.sqrt(Fd), bf)
+    a = _uniform((T, Fd), 1.0, bf)
+    dc = _uniform((T, 2 * Fd), 1.0, bf)
     w1t = w1.transpose(-2, -1)  # [E, H, 2F]
     w2t = w2.transpose(-2, -1)  # [E, F, H]
-    out = {}
-    out["fc1_fprop"] = median_ms(lambda: gm(x, w1t, offs=offs))
-    out["fc2_fprop"] = median_ms(lambda: gm(a, w2t, offs=offs))
-    out["fc2_dgrad"] = median_ms(lambda: gm(dy, w2, offs=offs))
-    out["fc1_dgrad"] = median_ms(lambda: gm(dc, w1, offs=offs))
-    # k-grouped: [H, T] x [T, F] per expert -> [E, H, F]
-    dyt = dy.t()  # column-major [H, T] view, as autograd passes it
+    dyt = dy.t()  # column-major [H, T] views, as autograd passes them to the k-grouped GEMM
     dct = dc.t()
-    out["fc2_wgrad"] = median_ms(lambda: gm(dyt, a, offs=offs))
-    out["fc1_wgrad"] = median_ms(lambda: gm(dct, x, offs=offs))
-
-    xr = x.clone().requires_grad_(True)
-    w1r = w1.clone().requires_grad_(True)
-    w2r = w2.clone().requires_grad_(True)
-    pr = probs.clone().requires_grad_(True)
-
-    def layer():
-        c = gm(xr, w1r.transpose(-2, -1), offs=offs)
-        ga, lin = c[:, :Fd], c[:, Fd:]
-        h = (F.silu(ga.float()) * lin.float() * pr[:, None]).to(bf)
-        return gm(h, w2r.transpose(-2, -1), offs=offs)
-
-    out["layer_fwd"] = median_ms(lambda: layer())
-
-    def fwd_bwd():
-        y = layer()
-        y.backward(dy)
-
-    out["layer_fwd_bwd"] = median_ms(fwd_bwd)
+    gemms = {
+        "fc1_fprop": lambda o: gm(x, w1t, offs=o),  # [T,H] x [E,H,2F] -> [T,2F]
+        "fc2_fprop": lambda o: gm(a, w2t, offs=o),  # [T,F] x [E,F,H] -> [T,H]
+        "fc2_dgrad": lambda o: gm(dy, w2, offs=o),  # [T,H] x [E,H,F] -> [T,F]
+        "fc1_dgrad": lambda o: gm(dc, w1, offs=o),  # [T,2F] x [E,2F,H] -> [T,H]
+        "fc2_wgrad": lambda o: gm(dyt, a, offs=o),  # [H,T] x [T,F] per expert -> [E,H,F]
+        "fc1_wgrad": lambda o: gm(dct, x, offs=o),  # [2F,T] x [T,H] per expert -> [E,2F,H]
+    }
+    out = {}
+    for op in GEMM_OPS:
+        exact = op in M_GROUPED and not args.round_all
+        o = offs_exact if exact else offs_r
+        c = _cell(lambda f=gemms[op], o=o: median_ms(lambda: f(o), args.warmup, args.iters))
+        c["offsets"] = "exact" if exact else "rounded16"
+        out[op] = {"eager": c}
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--mxmoe-json", required=True)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
-    with open(args.mxmoe_json) as f:
-        ours = json.load(f)
-    print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
-    flops = {"fc1_fprop": 4, "fc2_fprop": 2, "fc2_dgrad": 2, "fc1_dgrad": 4, "fc2_wgrad": 2, "fc1_wgrad": 4,
-             "layer_fwd": 6, "layer_fwd_bwd": 18}
-    lines = ["| preset | split | op | mxmoe recipe | mxmoe ms | mxmoe TFLOP/s | torch bf16 ms | torch TFLOP/s | torch/mxmoe |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for split in ours["splits"]:
-        peer = peer_rows(split)
-        thf = split["tokens"] * split["hidden"] * split["ffn"]
-        for row in ours["rows"]:
-            if row["preset"] != split["preset"] or row["split"] != split["split"] or row["op"] not in peer:
-                continue
-            p_ms = peer[row["op"]]
-            tf = flops[row["op"]] * thf
-            lines.append(f"| {row['preset']} | {row['split']} | {row['op']} | {row['recipe']} | {row['ms']:.3f} | "
-                         f"{tf / row['ms'] * 1e-9:.0f} | {p_ms:.3f} | {tf / p_ms * 1e-9:.0f} | {p_ms / row['ms']:.2f} |")
+def peer_split(split, args, over_budget):
+    """Everything the peer measures for one preset/split. Returns a JSON-able dict."""
+    import torch
+
+    H, Fd, E, T = (int(split[k]) for k in ("hidden", "ffn", "experts", "tokens"))
+    sizes = [int(s) for s in split["sizes"]]
+    activation, layout = glu_of(split)
+    peer_sizes = rounded_sizes(sizes)
+    rec = {"preset": split["preset"], "split": split["split"], "hidden": H, "ffn": Fd, "experts": E, "tokens": T,
+           "activation": activation, "glu_layout": layout, "sizes": sizes, "peer_sizes_rounded16": peer_sizes,
+           "tokens_moved_by_rounding": sum(abs(a - b) for a, b in zip(sizes, peer_sizes)) // 2,
+           "ops": {}, "memory": {}}
+    ops = rec["ops"]
+    t_start = time.monotonic()
+    bf = torch.bfloat16
+    W, I = args.warmup, args.iters
+
+    def offs_of(s):
+        return torch.cumsum(torch.tensor(s, dtype=torch.int64), 0).to(torch.int32).cuda()  # end offsets
+
+    offs_exact = offs_of(sizes)
+    offs_r = offs_of(peer_sizes)
+
+    # ---- the six GEMMs, plain torch._grouped_mm (their tensors live only inside peer_gemms) ----
+    try:
+        ops.update(peer_gemms(H, Fd, E, T, offs_exact, offs_r, args))
+    except Exception as e:  # noqa: BLE001
+        for op in GEMM_OPS:
+            ops.setdefault(op, {"eager": {"error": _err(e)}})
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+    # ---- the layer: inputs, weights, dy (all that stays resident) ----
+    try:
+        torch.manual_seed(args.seed + 1)
+        x = _uniform((T, H), 1.0, bf).requires_grad_(True)
+        w1 = _uniform((E, 2 * Fd, H), 1.0 / math.sqrt(H), bf).requires_grad_(True)
+        w2 = _uniform((E, H, Fd), 1.0 / math.sqrt(Fd), bf).requires_grad_(True)
+        probs = torch.rand(T, device="cuda", dtype=torch.float32).requires_grad_(True)
+        dy = _uniform((T, H), 1.0, bf)
+        eager_fn = make_layer(Fd, activation, layout)
+    except Exception as e:  # noqa: BLE001
+        for op in LAYER_OPS:
+            ops[op] = {"eager": {"error": _err(e)}, "compile": {"error": _err(e)}}
+        rec["memory"] = {"eager": {"error": _err(e)}, "compile": {"error": _err(e)}}
+        return rec
+    inputs = (x, w1, w2, probs)
+
+    def fwd(fn):
+        return fn(x, w1, w2, probs, offs_r)
+
+    def fwd_bwd(fn):
+        # autograd.grad: fresh grads every call, no accumulation into .grad (mxmoe overwrites its dW)
+        y = fn(x, w1, w2, probs, offs_r)
+        return torch.autograd.grad(y, inputs, dy)
+
+    def peak(fn):
+        """Peak allocated bytes over one fwd+bwd, from a clean state after a warm-up run."""
+        g = fwd_bwd(fn)
+        del g
+        torch.cuda.synchronize()
         torch.cuda.empty_cache()
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+        torch.cuda.reset_peak_memory_stats()
+        resident = torch.cuda.memory_allocated()
+        g = fwd_bwd(fn)
+        torch.cuda.synchronize()
+        p = torch.cuda.max_memory_allocated()
+        grads = sum(t.numel() * t.element_size() for t in g if t is not None)
+        del g
+        return {"peak_mib": p / MIB, "resident_mib": resident / MIB, "grads_mib": grads / MIB}
+
+    def mem_cell(fn):
+        try:
+            return peak(fn)
+        except Exception as e:  # noqa: BLE001
+            return {"error": _err(e)}
+        finally:
+            torch.cuda.empty_cache()
+
+    for op in LAYER_OPS:
+        ops[op] = {}
+    ops["layer_fwd"]["eager"] = _cell(lambda: median_ms(lambda: fwd(eager_fn), W, I))
+    ops["layer_fwd_bwd"]["eager"] = _cell(lambda: median_ms(lambda: fwd_bwd(eager_fn), W, I))
+    rec["memory"]["eager"] = mem_cell(eager_fn)
+
+    # ---- the same layer under torch.compile ----
+    key = (H, Fd, E, T, activation, layout)
+    cache = args._compiled
+    if args.no_compile:
+        why = {"skipped": "--no-compile"}
+    elif over_budget() and cache.get("key") != key:  # a split whose preset is compiled already still runs
+        why = {"skipped": f"time budget ({args.time_budget:.0f} s) spent before compiling"}
+    else:
+        why = None
+    if why:
+        for op in LAYER_OPS:
+            ops[op]["compile"] = dict(why)
+        rec["memory"]["compile"] = dict(why)
+    else:
+        compiled = None
+        try:
+            if cache.get("key") != key:  # one compile per preset; its balanced and skewed splits share it
+                cache.clear()
+                _reset_dynamo()
+                torch._dynamo.config.suppress_errors = False  # a failed compile must not fall back to eager
+                kw = {"dynamic": False}
+                if args.compile_mode != "default":
+                    kw["mode"] = args.compile_mode
+                cache["fn"] = torch.compile(make_layer(Fd, activation, layout), **kw)
+                cache["key"] = key
+            if cache.get("error"):
+                raise RuntimeError(f"(compile failed on this preset's earlier split) {cache['error']}")
+            compiled = cache["fn"]
+            t0 = time.monotonic()
+            gb0 = _graph_breaks()
+            fwd_bwd(compiled)  # compiles forward and backward (on a preset's first split), outside any timing
+            torch.cuda.synchronize()
+            rec["compile_first_call_s"] = time.monotonic() - t0
+            gb1 = _graph_breaks()
+            if "breaks" not in cache:
+                cache["breaks"] = gb1 - gb0 if gb0 is not None and gb1 is not None else None
+            rec["compile_graph_breaks"] = cache["breaks"]
+        except Exception as e:  # noqa: BLE001
+            cache.setdefault("error", _err(e))
+            for op in LAYER_OPS:
+                ops[op]["compile"] = {"error": _err(e), "trace": traceback.format_exc(limit=4)}
+            rec["memory"]["compile"] = {"error": _err(e)}
+            compiled = None
+        if compiled is not None:
+            ops["layer_fwd"]["compile"] = _cell(lambda: median_ms(lambda: fwd(compiled), W, I))
+            ops["layer_fwd_bwd"]["compile"] = _cell(lambda: median_ms(lambda: fwd_bwd(compiled), W, I))
+            rec["memory"]["compile"] = mem_cell(compiled)
+    x = w1 = w2 = probs = dy = inputs = None  # free the split's tensors before the next one
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    rec["wall_s"] = time.monotonic() - t_start
+    return rec
+
+
+# ----------------------------------------------------------------------------------------------
+# Report (pure Python; matplotlib for the chart)
+# ----------------------------------------------------------------------------------------------
+
+def load_mxmoe(paths):
+    """Merge one or more `mxmoe bench --json` files: rows appended, splits deduplicated."""
+    out = {"device": None, "rows": [], "splits": []}
+    seen = set()
+    for p in paths:
+        with open(p) as f:
+            d = json.load(f)
+        out["device"] = out["device"] or d.get("device")
+        out["rows"].extend(d.get("rows", []))
+        for s in d.get("splits", []):
+            k = (s["preset"], s["split"])
+            if k not in seen:
+                seen.add(k)
+                out["splits"].append(s)
+    return out
+
+
+def _mxmoe_peak_mib(row):
+    """mxmoe's own peak memory for a row, if its JSON carries one (any key with 'peak' in it)."""
+    for k, v in row.items():
+        if "peak" not in k.lower() or not isinstance(v, (int, float)):
+            continue
+        kl = k.lower()
+        if "mib" in kl or kl.endswith("_mb"):
+            return float(v)
+        if "gib" in kl:
+            return float(v) * 1024
+        return float(v) / MIB  # bytes
+    return None
+
+
+def _fmt_ms(v):
+    return f"{v:.3f}"
+
+
+def _short(text, n=60):
+    t = " ".join(str(text).split()).replace("|", "/")
+    return t if len(t) <= n else t[: n - 1] + "…"
+
+
+def _cell_text(cell):
+    if cell is None:
+        return "", None
+    if "ms" in cell:
+        return _fmt_ms(cell["ms"]), cell["ms"]
+    if "error" in cell:
+        return "error: " + _short(cell["error"]), None
+    if "skipped" in cell:
+        return "skipped: " + _short(cell["skipped"], 40), None
+    return "", None
+
+
+def combine(mx, peer_splits):
+    """Rows of the side-by-side table, in mxmoe's row order: one per mxmoe (preset, split, recipe, op)."""
+    peers = {(s["preset"], s["split"]): s for s in peer_splits}
+    splits = {(s["preset"], s["split"]): s for s in mx["splits"]}
+    rows = []
+    for r in mx["rows"]:
+        if r["op"] not in FLOP_FACTOR:
+            continue  # e.g. quantize_x: no peer
+        key = (r["preset"], r["split"])
+        sp = splits.get(key)
+        pe = peers.get(key)
+        thf = sp["tokens"] * sp["hidden"] * sp["ffn"] if sp else None
+        flops = FLOP_FACTOR[r["op"]] * thf if thf else None
+        out = {"preset": r["preset"], "split": r["split"], "op": r["op"], "recipe": r["recipe"],
+               "mxmoe_ms": r["ms"], "mxmoe_tflops": flops / r["ms"] * 1e-9 if flops and r["ms"] > 0 else None,
+               "mxmoe_peak_mib": _mxmoe_peak_mib(r)}
+        ops = (pe or {}).get("ops", {}).get(r["op"], {})
+        for variant in ("eager", "compile"):
+            c = ops.get(variant)
+            out[f"{variant}_cell"] = c
+            ms = c.get("ms") if c else None
+            out[f"{variant}_ms"] = ms
+            out[f"{variant}_tflops"] = flops / ms * 1e-9 if (flops and ms) else None
+            out[f"{variant}_ratio"] = ms / r["ms"] if (ms and r["ms"] > 0) else None
+        if r["op"] in GEMM_OPS:
+            out["target_vs_eager"] = GEMM_TARGET
+        elif r["recipe"] in LAYER_COMPILE_TARGET:
+            out["target_vs_compile"] = LAYER_COMPILE_TARGET[r["recipe"]]
+        rows.append(out)
+    return rows
+
+
+def _tf(v):
+    return f"{v:.0f}" if v is not None else ""
+
+
+def _ratio(v):
+    return f"{v:.2f}" if v is not None else ""
+
+
+def build_markdown(meta, mx, peer_splits, rows):
+    L = []
+    L.append("# mxmoe bench beside PyTorch (same GPU, same process session)")
+    L.append("")
+    L.append(f"- date: {meta.get('date', '')}")
+    L.append(f"- device: {meta.get('device', '')} (mxmoe JSON: {mx.get('device') or 'n/a'})")
+    L.append(f"- torch {meta.get('torch', '')}, CUDA {meta.get('cuda', '')}, python {meta.get('python', '')}")
+    if meta.get("git"):
+        L.append(f"- mxmoe tree: {meta['git']}")
+    L.append(f"- command: `{meta.get('command', '')}`")
+    L.append(f"- mxmoe JSON: {', '.join(meta.get('mxmoe_json', []))}")
+    L.append(f"- timing: CUDA events, median of {meta.get('iters')} timed runs after {meta.get('warmup')} warm-ups, "
+             "both sides; no L2 flush, no input rotation. torch.compile mode: "
+             f"{meta.get('compile_mode')}, dynamic=False, compiled once per preset, compilation outside the timing.")
+    L.append("- ratio = peer ms / mxmoe ms: > 1 means mxmoe is faster. TFLOP/s from 4·T·H·F (FC1 GEMMs), "
+             "2·T·H·F (FC2 GEMMs), 6·T·H·F (layer fwd), 18·T·H·F (layer fwd+bwd).")
+    L.append("- peer GEMMs: plain BF16 `torch._grouped_mm`, no epilogue, BF16 outputs (mxmoe fuses its epilogues "
+             "and writes FP32 dW). k-grouped GEMMs (and so the peer layer, whose backward has them) need "
+             f"{PEER_ROUND}-token groups: every expert is rounded down to a multiple of {PEER_ROUND}, the remainder "
+             "given to the largest expert (same T); the m-grouped GEMMs run "
+             + ("the same rounded split." if meta.get("m_grouped_offsets") == "rounded16"
+                else "mxmoe's exact split.") + " mxmoe runs the exact split everywhere.")
+    L.append("- peer layer: grouped_mm -> GLU of the preset in FP32 (SwiGLU; gptoss-120b: clamped SwiGLU "
+             f"min(a,{CLAMP['limit']:g})·σ({CLAMP['alpha']:g}·min(a,{CLAMP['limit']:g}))·(clamp(b,±{CLAMP['limit']:g})"
+             f"+{CLAMP['linear_offset']:g}), interleave32 layout) × prob -> BF16 -> grouped_mm; "
+             "backward by autograd (`torch.autograd.grad`, grads of x, W1, W2, prob; nothing accumulated).")
+    L.append("")
+
+    # ---- summary: the layer against torch.compile ----
+    L.append("## Layer forward+backward against torch.compile (the targets)")
+    L.append("")
+    L.append("| preset | split | torch eager ms | torch.compile ms | mxmoe bf16 ms | bf16: compile/mxmoe | "
+             "mxmoe mxfp8 ms | mxfp8: compile/mxmoe |")
+    L.append("|---|---|---|---|---|---|---|---|")
+    keys = []
+    for r in rows:
+        k = (r["preset"], r["split"])
+        if k not in keys:
+            keys.append(k)
+    by = {(r["preset"], r["split"], r["recipe"], r["op"]): r for r in rows}
+    for k in keys:
+        cells = [k[0], k[1]]
+        any_r = by.get(k + ("bf16", "layer_fwd_bwd")) or by.get(k + ("mxfp8", "layer_fwd_bwd"))
+        if not any_r:
+            continue
+        cells.append(_cell_text(any_r["eager_cell"])[0])
+        cells.append(_cell_text(any_r["compile_cell"])[0])
+        for rec in ("bf16", "mxfp8"):
+            r = by.get(k + (rec, "layer_fwd_bwd"))
+            if not r:
+                cells += ["", ""]
+                continue
+            cells.append(_fmt_ms(r["mxmoe_ms"]))
+            t = LAYER_COMPILE_TARGET[rec]
+            v = r["compile_ratio"]
+            cells.append(f"{_ratio(v)} ({'meets' if v is not None and v >= t else 'below'} {t:.2f})"
+                         if v is not None else "")
+        L.append("| " + " | ".join(cells) + " |")
+    L.append("")
+
+    # ---- memory ----
+    have_mx_peak = any(r.get("mxmoe_peak_mib") is not None for r in rows)
+    L.append("## Peak GPU memory of one forward+backward (MiB)")
+    L.append("")
+    L.append("Allocated bytes (`torch.cuda.max_memory_allocated`) from a clean state after a warm-up run, "
+             "including what stays resident (x, W1, W2, prob, dY) and the returned grads.")
+    L.append("")
+    hdr = "| preset | split | resident (x, W, prob, dY) | torch eager peak | torch.compile peak |"
+    sep = "|---|---|---|---|---|"
+    if have_mx_peak:
+        hdr += " mxmoe bf16 peak | mxmoe mxfp8 peak |"
+        sep += "---|---|"
+    else:
+        L.append("(mxmoe's JSON carries no peak-memory field; its column is left out.)")
+        L.append("")
+    L.append(hdr)
+    L.append(sep)
+    peers = {(s["preset"], s["split"]): s for s in peer_splits}
+    for k in keys:
+        pe = peers.get(k)
+        if not pe:
+            continue
+        mem = pe.get("memory", {})
+
+        def mtxt(c):
+            if not c:
+                return ""
+            if "peak_mib" in c:
+                return f"{c['peak_mib']:.0f}"
+            if "error" in c:
+                return "error: " + _short(c["error"], 40)
+            if "skipped" in c:
+                return "skipped"
+            return ""
+
+        res = next((mem[v]["resident_mib"] for v in ("eager", "compile") if "resident_mib" in mem.get(v, {})), None)
+        line = [k[0], k[1], f"{res:.0f}" if res is not None else "", mtxt(mem.get("eager")), mtxt(mem.get("compile"))]
+        if have_mx_peak:
+            for rec in ("bf16", "mxfp8"):
+                r = by.get(k + (rec, "layer_fwd_bwd"))
+                v = r.get("mxmoe_peak_mib") if r else None
+                line.append(f"{v:.0f}" if v is not None else "")
+        L.append("| " + " | ".join(line) + " |")
+    L.append("")
+
+    # ---- every row ----
+    L.append("## All rows")
+    L.append("")
+    L.append("torch ms = eager `torch._grouped_mm` for GEMMs, the eager layer for layer rows; "
+             "compile = the layer under torch.compile.")
+    L.append("")
+    L.append("| preset | split | op | mxmoe recipe | mxmoe ms | mxmoe TFLOP/s | torch ms | torch TFLOP/s | "
+             "torch/mxmoe | compile ms | compile TFLOP/s | compile/mxmoe |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        e_txt = _cell_text(r["eager_cell"])[0]
+        is_layer = r["op"] in LAYER_OPS
+        c_txt = _cell_text(r["compile_cell"])[0] if is_layer else ""
+        L.append(f"| {r['preset']} | {r['split']} | {r['op']} | {r['recipe']} | {_fmt_ms(r['mxmoe_ms'])} | "
+                 f"{_tf(r['mxmoe_tflops'])} | {e_txt} | {_tf(r['eager_tflops'])} | {_ratio(r['eager_ratio'])} | "
+                 f"{c_txt} | {_tf(r['compile_tflops']) if is_layer else ''} | "
+                 f"{_ratio(r['compile_ratio']) if is_layer else ''} |")
+    L.append("")
+
+    # ---- peer notes: errors, rounding, compile time ----
+    notes = []
+    for s in peer_splits:
+        for op, variants in s.get("ops", {}).items():
+            for v, c in variants.items():
+                if c and "error" in c:
+                    notes.append(f"- error, {s['preset']} {s['split']} {op} ({v}): `{_short(c['error'], 300)}`")
+        for v, c in s.get("memory", {}).items():
+            if c and "error" in c:
+                notes.append(f"- error, {s['preset']} {s['split']} peak memory ({v}): `{_short(c['error'], 300)}`")
+    info = []
+    for s in peer_splits:
+        bits = [f"{s['activation']}/{s['glu_layout']}"]
+        if s.get("tokens_moved_by_rounding"):
+            bits.append(f"{s['tokens_moved_by_rounding']} tokens moved by the {PEER_ROUND}-rounding")
+        if s.get("compile_first_call_s") is not None:
+            bits.append(f"first compiled fwd+bwd call {s['compile_first_call_s']:.1f} s")
+        if s.get("compile_graph_breaks") is not None:
+            bits.append(f"{s['compile_graph_breaks']} dynamo graph breaks")
+        if s.get("wall_s") is not None:
+            bits.append(f"peer wall {s['wall_s']:.1f} s")
+        info.append(f"- {s['preset']} {s['split']}: " + ", ".join(bits))
+    if info:
+        L.append("## Peer details")
+        L.append("")
+        L += info
+        L.append("")
+    if notes:
+        L.append("## Peer errors")
+        L.append("")
+        L += notes
+        L.append("")
+    return "\n".join(L)
+
+
+CHART_SERIES = [(op, "eager", f"{op} / grouped_mm") for op in GEMM_OPS] + [
+    ("layer_fwd", "eager", "layer fwd / eager"),
+    ("layer_fwd", "compile", "layer fwd / compile"),
+    ("layer_fwd_bwd", "eager", "layer fwd+bwd / eager"),
+    ("layer_fwd_bwd", "compile", "layer fwd+bwd / compile"),
+]
+
+
+def _series_target(op, variant, recipe):
+    if op in GEMM_OPS:
+        return GEMM_TARGET
+    if variant == "compile":
+        return LAYER_COMPILE_TARGET.get(recipe)
+    return None
+
+
+def build_chart(rows, path, title=""):
+    """One panel per recipe; x: preset/split; one bar per (op, peer) ratio; line at 1.0 and target ticks."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recipes = []
+    groups = []
+    for r in rows:
+        if r["recipe"] not in recipes:
+            recipes.append(r["recipe"])
+        g = (r["preset"], r["split"])
+        if g not in groups:
+            groups.append(g)
+    by = {(r["preset"], r["split"], r["recipe"], r["op"]): r for r in rows}
+    n = len(CHART_SERIES)
+    width = 0.8 / n
+    cmap = plt.get_cmap("tab20")
+    colors = [cmap(i) for i in (0, 1, 2, 3, 4, 5, 8, 9, 6, 7)]
+    fig_w = max(10.0, 1.25 * len(groups) + 3.0)
+    fig, axes = plt.subplots(max(1, len(recipes)), 1, figsize=(fig_w, 4.6 * max(1, len(recipes))), squeeze=False)
+    ymax = 1.3
+    for r in rows:
+        for v in ("eager_ratio", "compile_ratio"):
+            if r.get(v) is not None and math.isfinite(r[v]):
+                ymax = max(ymax, r[v] * 1.12)
+    for pi, recipe in enumerate(recipes or ["(none)"]):
+        ax = axes[pi][0]
+        for si, (op, variant, label) in enumerate(CHART_SERIES):
+            for gi, g in enumerate(groups):
+                x = gi + (si - (n - 1) / 2) * width
+                r = by.get(g + (recipe, op))
+                v = r.get(f"{variant}_ratio") if r else None
+                if r is not None and v is None and (r.get(f"{variant}_cell") or {}).get("error"):
+                    ax.text(x, 0.02, "err", rotation=90, fontsize=5, ha="center", va="bottom", color="red")
+                if v is None:
+                    continue
+                ax.bar(x, v, width, color=colors[si % len(colors)], label=label, edgecolor="none")
+                ax.text(x, v, f"{v:.2f}", rotation=90, fontsize=5, ha="center", va="bottom")
+                t = _series_target(op, variant, recipe)
+                if t is not None:
+                    ax.hlines(t, x - width / 2, x + width / 2, colors="black", linewidth=1.2)
+        ax.axhline(1.0, color="gray", linestyle="--", linewidth=0.8)
+        ax.set_xticks(range(len(groups)))
+        ax.set_xticklabels([f"{p}\n{s}" for p, s in groups], fontsize=8)
+        ax.set_xlim(-0.6, len(groups) - 0.4)
+        ax.set_ylim(0, ymax)
+        ax.set_ylabel("peer ms / mxmoe ms  (>1: mxmoe faster)")
+        tgt = LAYER_COMPILE_TARGET.get(recipe)
+        ax.set_title(f"mxmoe {recipe}: black ticks = targets (GEMMs {GEMM_TARGET:.2f} vs grouped_mm"
+                     + (f", layer {tgt:.2f} vs torch.compile" if tgt else "") + ")", fontsize=9)
+        ax.grid(axis="y", linewidth=0.3, alpha=0.5)
+    # one legend for all panels, under the figure, one entry per series
+    uniq = {}
+    for row in axes:
+        for h, lab in zip(*row[0].get_legend_handles_labels()):
+            uniq.setdefault(lab, h)
+    if uniq:
+        fig.legend(list(uniq.values()), list(uniq.keys()), fontsize=7, ncol=5, loc="lower center",
+                   bbox_to_anchor=(0.5, 0.0), frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.07 / max(1, len(recipes)), 1, 1))
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def write_outputs(out_dir, out_md, meta, mx, peer_splits, with_chart=True):
+    rows = combine(mx, peer_splits)
+    md = build_markdown(meta, mx, peer_splits, rows)
+    chart_note = None
+    if out_dir and with_chart:
+        try:
+            build_chart(rows, os.path.join(out_dir, "bench.png"),
+                        title=f"{meta.get('device', '')}, torch {meta.get('torch', '')}, {meta.get('date', '')}")
+        except Exception as e:  # noqa: BLE001 - the numbers matter more than the picture
+            chart_note = f"chart not drawn: {_err(e)}"
+            md += f"\n\n{chart_note}\n"
+    if out_dir:
+        with open(os.path.join(out_dir, "peer.json"), "w") as f:
+            json.dump({"meta": meta, "peer": peer_splits, "rows": [
+                {k: v for k, v in r.items() if not k.endswith("_cell")} for r in rows],
+                "chart_note": chart_note}, f, indent=1)
+        with open(os.path.join(out_dir, "bench.md"), "w") as f:
+            f.write(md + "\n")
+    if out_md:
+        with open(out_md, "w") as f:
+            f.write(md + "\n")
+    return md, rows
+
+
+def _device_text(torch):
+    try:
+        p = torch.cuda.get_device_properties(0)
+        return f"{p.name}, sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, {p.total_memory // MIB} MiB"
+    except Exception:  # noqa: BLE001
+        return torch.cuda.get_device_name(0)
+
+
+def _git_describe():
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        r = subprocess.run(["git", "-C", here, "describe", "--always", "--dirty"], capture_output=True, text=True,
+                           timeout=5)
+        return r.stdout.strip() if r.returncode == 0 else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Self-test: synthetic JSON, no torch
+# ----------------------------------------------------------------------------------------------
+
+def _synthetic():
+    presets = [("dsv3", 7168, 2048, 32, 32768), ("gptoss-120b", 2880, 2880, 32, 32768)]
+    mx = {"device": "SYNTHETIC GPU", "rows": [], "splits": []}
+    peer = []
+    for pi, (name, H, F, E, T) in enumerate(presets):
+        for split in ("balanced", "skew"):
+            sizes = [T // E] * E if split == "balanced" else [0, 3, 77] + [T // E] * (E - 3)
+            sizes[-1] += T - sum(sizes)
+            mx["splits"].append({"preset": name, "split": split, "hidden": H, "ffn": F, "experts": E, "tokens": T,
+                                 "sizes": sizes})
+            thf = T * H * F
+            for recipe, eff in (("mxfp8", 180e12), ("bf16", 300e12)):
+                for op in ["layer_fwd", "layer_fwd_bwd", "quantize_x"] + GEMM_OPS:
+                    if op == "quantize_x":
+                        if recipe == "mxfp8":
+                            mx["rows"].append({"preset": name, "split": split, "recipe": recipe, "op": op,
+                                               "ms": 0.33, "tflops": 0.0, "gbps": 2800.0})
+                        continue
+                    ms = FLOP_FACTOR[op] * thf / eff * 1e3
+                    mx["rows"].append({"preset": name, "split": split, "recipe": recipe, "op": op, "ms": ms,
+                                       "tflops": FLOP_FACTOR[op] * thf / ms * 1e-9, "gbps": 0.0})
+            ops = {op: {"eager": {"ms": FLOP_FACTOR[op] * thf / 600e12 * 1e3,
+                                  "offsets": "exact" if op in M_GROUPED else "rounded16"}} for op in GEMM_OPS}
+            ops["layer_fwd"] = {"eager": {"ms": 6 * thf / 550e12 * 1e3}, "compile": {"ms": 6 * thf / 600e12 * 1e3}}
+            ops["layer_fwd_bwd"] = {"eager": {"ms": 18 * thf / 480e12 * 1e3},
+                                    "compile": {"ms": 18 * thf / 320e12 * 1e3}}
+            mem = {"eager": {"peak_mib": 6000.0 + pi, "resident_mib": 3584.0, "grads_mib": 3000.0},
+                   "compile": {"peak_mib": 7000.0, "resident_mib": 3584.0, "grads_mib": 3000.0}}
+            if name == "gptoss-120b" and split == "skew":  # a failed compile cell and a failed GEMM
+                ops["layer_fwd"]["compile"] = {"error": "BackendCompilerFailed: inductor | raised\nsomething"}
+                ops["layer_fwd_bwd"]["compile"] = {"error": "BackendCompilerFailed: inductor | raised\nsomething"}
+                mem["compile"] = {"error": "BackendCompilerFailed: inductor"}
+                ops["fc2_wgrad"]["eager"] = {"error": "RuntimeError: offsets must be multiples of 16"}
+            act, layout = PRESET_GLU[name]
+            peer.append({"preset": name, "split": split, "hidden": H, "ffn": F, "experts": E, "tokens": T,
+                         "activation": act, "glu_layout": layout, "sizes": sizes,
+                         "peer_sizes_rounded16": rounded_sizes(sizes),
+                         "tokens_moved_by_rounding": sum(abs(a - b) for a, b in zip(sizes, rounded_sizes(sizes))) // 2,
+                         "ops": ops, "memory": mem, "compile_first_call_s": 12.5, "wall_s": 20.0})
+    return mx, peer
+
+
+def selftest(out_dir=None):
+    mx, peer = _synthetic()
+    tmp = out_dir or tempfile.mkdtemp(prefix="peer_torch_selftest_")
+    os.makedirs(tmp, exist_ok=True)
+    src = os.path.join(tmp, "selftest_mxmoe.json")  # never clobbers a real bench.json
+    with open(src, "w") as f:
+        json.dump(mx, f)
+    mx2 = load_mxmoe([src, src])  # merging a file with itself must not duplicate splits
+    assert len(mx2["splits"]) == len(mx["splits"]), "splits merged twice"
+    mx2["rows"] = mx["rows"]
+    meta = {"date": "2000-01-01T00:00:00Z", "device": "SYNTHETIC GPU", "torch": "n/a", "cuda": "n/a",
+            "python": sys.version.split()[0], "command": "bench/peer_torch.py --selftest", "mxmoe_json": [src],
+            "warmup": 3, "iters": 10, "compile_mode": "default"}
+    md, rows = write_outputs(tmp, os.path.join(tmp, "selftest_peer.md"), meta, mx2, peer)  # --out too
+    # checks
+    n_expected = sum(1 for r in mx["rows"] if r["op"] in FLOP_FACTOR)
+    assert len(rows) == n_expected, (len(rows), n_expected)
+    table = md.split("## All rows")[1]
+    n_lines = sum(1 for ln in table.splitlines() if ln.startswith("| ") and not ln.startswith("| preset"))
+    assert n_lines == n_expected, (n_lines, n_expected)
+    r = next(r for r in rows if r["preset"] == "dsv3" and r["split"] == "balanced" and r["recipe"] == "bf16"
+             and r["op"] == "fc1_fprop")
+    assert abs(r["eager_ratio"] - 0.5) < 1e-9, r["eager_ratio"]  # 300 vs 600 TFLOP/s
+    assert abs(r["mxmoe_tflops"] - 300) < 1e-6, r["mxmoe_tflops"]
+    r = next(r for r in rows if r["preset"] == "dsv3" and r["split"] == "skew" and r["recipe"] == "mxfp8"
+             and r["op"] == "layer_fwd_bwd")
+    assert abs(r["compile_ratio"] - 180 / 320) < 1e-9 and abs(r["eager_ratio"] - 180 / 480) < 1e-9
+    assert "| dsv3 | balanced | layer_fwd_bwd | bf16 | " in md
+    assert "error: BackendCompilerFailed: inductor / raised something" in md, "error text not in the cell"
+    assert "## Peer errors" in md and "fc2_wgrad (eager)" in md
+    assert "mxmoe's JSON carries no peak-memory field" in md
+    assert "quantize_x" not in table
+    with open(os.path.join(tmp, "peer.json")) as f:
+        pj = json.load(f)
+    assert len(pj["rows"]) == n_expected and pj["peer"][0]["ops"]["fc1_fprop"]["eager"]["ms"] > 0
+    png = os.path.join(tmp, "bench.png")
+    chart_ok = os.path.exists(png) and os.path.getsize(png) > 1000
+    if pj.get("chart_note"):
+        print(f"selftest: {pj['chart_note']}")
+    # with an mxmoe peak field the memory columns appear
+    for row in mx2["rows"]:
+        if row["op"] == "layer_fwd_bwd":
+            row["peak_bytes"] = 4224 * MIB
+    md2, _ = write_outputs(None, None, meta, mx2, peer, with_chart=False)
+    assert "mxmoe bf16 peak" in md2 and "| 4224 | 4224 |" in md2, "mxmoe peak column missing"
+    assert "torch" not in sys.modules, "the report path imported torch"
+    print(md)
+    print(f"\nselftest: {len(rows)} rows, markdown + peer.json in {tmp}, chart "
+          f"{'written (%d bytes)' % os.path.getsize(png) if chart_ok else 'NOT written'}")
+    print("selftest: OK")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mxmoe-json", nargs="+", help="JSON file(s) written by `mxmoe bench --json` (merged)")
+    ap.add_argument("--out-dir", default=None, help="write peer.json, bench.md and bench.png here")
+    ap.add_argument("--out", default=None, help="also write the markdown to this file (old interface)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compile-mode", default="default",
+                    help="torch.compile mode: default | reduce-overhead | max-autotune | ...")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
+    ap.add_argument("--time-budget", type=float, default=0,
+                    help="seconds; once spent, remaining splits skip torch.compile (0: no limit)")
+    ap.add_argument("--round-all", action="store_true",
+                    help="run the m-grouped GEMMs on the 16-rounded split too (default: mxmoe's exact split)")
+    ap.add_argument("--only", default=None, help="comma-separated presets to measure (default: every split)")
+    ap.add_argument("--selftest", action="store_true", help="build the report from synthetic JSON (no torch/GPU)")
+    args = ap.parse_args()
+    if args.selftest:
+        return selftest(args.out_dir)
+    if not args.mxmoe_json:
+        ap.error("--mxmoe-json is required (or --selftest)")
+    if args.iters < 10:
+        print(f"note: --iters {args.iters} < 10", file=sys.stderr)
+    if args.out_dir:
+        os.makedirs(args.out_dir, exist_ok=True)
+    mx = load_mxmoe(args.mxmoe_json)
+
+    import torch
+    if not torch.cuda.is_available():
+        print("peer_torch: no CUDA device visible to torch", file=sys.stderr)
+        return 2
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "device": _device_text(torch),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": sys.version.split()[0],
+        "command": "python3 " + " ".join(shlex.quote(a) for a in sys.argv),
+        "mxmoe_json": args.mxmoe_json,
+        "warmup": args.warmup,
+        "iters": args.iters,
+        "compile_mode": "off" if args.no_compile else args.compile_mode,
+        "m_grouped_offsets": "rounded16" if args.round_all else "exact",
+        "git": _git_describe(),
+    }
+    print(f"device: {meta['device']}, torch {meta['torch']}, CUDA {meta['cuda']}", file=sys.stderr)
+    args._compiled = {}
+    t0 = time.monotonic()
+
+    def over_budget():
+        return args.time_budget > 0 and time.monotonic() - t0 > args.time_budget
+
+    only = set(args.only.split(",")) if args.only else None
+    peer_splits = []
+    for split in mx["splits"]:
+        if only and split["preset"] not in only:
+            continue
+        label = f"{split['preset']} {split['split']}"
+        print(f"peer: {label} (T={split['tokens']} H={split['hidden']} F={split['ffn']} E={split['experts']}) "
+              f"t={time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
+        try:
+            rec = peer_split(split, args, over_budget)
+        except Exception as e:  # noqa: BLE001
+            act, layout = glu_of(split)
+            rec = {"preset": split["preset"], "split": split["split"], "activation": act, "glu_layout": layout,
+                   "ops": {op: {"eager": {"error": _err(e)}} for op in ALL_OPS}, "memory": {},
+                   "error": traceback.format_exc(limit=4)}
+        peer_splits.append(rec)
+        for op in ALL_OPS:
+            for v, c in rec["ops"].get(op, {}).items():
+                print(f"  {op:14s} {v:8s} {_cell_text(c)[0]}", file=sys.stderr, flush=True)
+        try:
+            torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001
+            pass
+        # partial results survive a kill: numbers and markdown after every split, the chart at the end
+        write_outputs(args.out_dir, args.out, meta, mx, peer_splits, with_chart=False)
+    meta["peer_wall_s"] = round(time.monotonic() - t0, 1)
+    md, _ = write_outputs(args.out_dir, args.out, meta, mx, peer_splits, with_chart=True)
+    print(md)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

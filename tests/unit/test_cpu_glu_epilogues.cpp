@@ -8,15 +8,16 @@
 
 #include "cpu_gemm_testing.h"
 #include "glu_reference.h"
+#include "src/api/layer_steps.h"
 #include "src/cpu/cpu_ops.h"
 
 namespace mxmoe {
 namespace {
 
 using namespace test;
-using detail::Epilogue;
+using detail::Fc1FpropArgs;
+using detail::Fc2DgradArgs;
 using detail::GradOut;
-using detail::MGemmStep;
 
 // ---- glu epilogues ----
 
@@ -29,6 +30,18 @@ struct GluCase {
 GluParams params_of(const GluCase& c) {
   GluParams p;
   p.activation = c.act;
+  return p;
+}
+// The layer problem whose fc1_fprop / fc2_dgrad steps these cases run (H = k, biases on).
+Problem problem_of(const GluCase& c, int64_t experts) {
+  Problem p;
+  p.hidden = c.k;
+  p.ffn = c.ffn;
+  p.experts = experts;
+  p.activation = c.act;
+  p.glu_layout = c.layout;
+  p.fc1_bias = true;
+  p.recipe = Recipe::bf16;
   return p;
 }
 const GluCase kGluCases[] = {
@@ -67,19 +80,10 @@ TEST(CpuGluForward, MatchesNaiveLoopAndMxfp8OutputIsQuantizedBf16) {
     const HostTensor b1 = random_bf16({e, 2 * f}, -0.5f, 0.5f), probs = random_f32({t}, 0.f, 1.f);
     HostTensor cbuf = poisoned(DType::bf16, {t, 2 * f}), out = poisoned(DType::bf16, {t, f});
 
-    MGemmStep s;
-    s.epilogue = Epilogue::glu_forward;
-    s.gemm.a = bf16_operand(x);
-    s.gemm.offsets.offsets = offsets.view;
-    s.gemm.b = w1.dense();
-    s.gemm.bias = b1.view;
-    s.probs = probs.view;
-    s.glu = params_of(c);
-    s.glu_layout = c.layout;
-    s.ffn = f;
-    s.c = cbuf.view;
-    s.out_bf16 = out.view;
-    cpu::gemm_m(s);
+    const Problem p = problem_of(c, e);
+    Fc1FpropArgs args{.x = bf16_operand(x), .w1 = w1.dense(), .offsets = {offsets.view}, .b1 = b1.view,
+                      .probs = probs.view, .c = cbuf.view, .a = {.bf16 = out.view}};
+    cpu::gemm_m(detail::fc1_fprop(p, args).gemm_m());
 
     std::vector<double> cref = naive_gemm_m(values(x.view), w1, c.sizes, c.k, 2 * f, false);
     const std::vector<int64_t> group = group_of_rows(c.sizes);
@@ -90,7 +94,7 @@ TEST(CpuGluForward, MatchesNaiveLoopAndMxfp8OutputIsQuantizedBf16) {
       for (int64_t i = 0; i < f; ++i) {
         const double a = cref[r * 2 * f + glu_a_col(i, f, c.layout)],
                      b = cref[r * 2 * f + glu_b_col(i, f, c.layout)];
-        aref[r * f + i] = value_at(probs.view, r) * glu_act_f64(a, b, s.glu);
+        aref[r * f + i] = value_at(probs.view, r) * glu_act_f64(a, b, params_of(c));
         clamped += (a > 7.0) + (std::abs(b) > 7.0);
       }
     }
@@ -102,11 +106,10 @@ TEST(CpuGluForward, MatchesNaiveLoopAndMxfp8OutputIsQuantizedBf16) {
     HostTensor row = poisoned(DType::e4m3, {t, f}), col = poisoned(DType::e4m3, {t, f});
     HostTensor row_s = poisoned(DType::e8m0, {rowwise_scale_bytes(t, f)});
     HostTensor col_s = poisoned(DType::e8m0, {colwise_scale_bytes(t, f, e)});
-    s.c = c2.view;
-    s.out_bf16 = TensorView{};
-    s.out_row = Mxfp8View{row.view, row_s.view, BlockAxis::row, ScaleLayout::swizzled};
-    s.out_col = Mxfp8View{col.view, col_s.view, BlockAxis::col, ScaleLayout::compact};
-    cpu::gemm_m(s);
+    args.c = c2.view;
+    args.a = {.row = Mxfp8View{row.view, row_s.view, BlockAxis::row, ScaleLayout::swizzled},
+              .col = Mxfp8View{col.view, col_s.view, BlockAxis::col, ScaleLayout::compact}};
+    cpu::gemm_m(detail::fc1_fprop(p, args).gemm_m());
     EXPECT_TRUE(bytes_equal(cbuf.view, c2.view));
     expect_quantized_equal(out, offsets, row, row_s, col, col_s);
   }
@@ -125,34 +128,23 @@ TEST(CpuGluBackward, MatchesNaiveLoopWithDprobDb1AndMxfp8Output) {
     HostTensor dc = poisoned(DType::bf16, {t, 2 * f}), dprobs = poisoned(DType::f32, {t});
     HostTensor db1_acc = db1_prior, db1_new = poisoned(DType::f32, {e, 2 * f});
 
-    MGemmStep s;
-    s.epilogue = Epilogue::glu_backward;
-    s.gemm.a = bf16_operand(dy);
-    s.gemm.offsets.offsets = offsets.view;
-    s.gemm.b = w2.dense();
-    s.gemm.b_kn = true;
-    s.probs = probs.view;
-    s.glu = params_of(c);
-    s.glu_layout = c.layout;
-    s.ffn = f;
-    s.c = cin.view;
-    s.out_bf16 = dc.view;
-    s.dprobs = dprobs.view;
-    s.dprob_add = dprob_add.view;
-    s.db1 = GradOut{db1_acc.view, /*accumulate=*/true};
-    cpu::gemm_m(s);
+    const Problem p = problem_of(c, e);
+    Fc2DgradArgs args{.dy = bf16_operand(dy), .w2 = w2.dense(), .offsets = {offsets.view}, .probs = probs.view,
+                      .c = cin.view, .dprobs = dprobs.view, .dprob_add = dprob_add.view,
+                      .db1 = GradOut{db1_acc.view, /*accumulate=*/true}, .dc = {.bf16 = dc.view}};
+    cpu::gemm_m(detail::fc2_dgrad(p, args).gemm_m());
 
     const std::vector<double> g = naive_gemm_m(values(dy.view), w2, c.sizes, c.k, f, true);
     const std::vector<int64_t> group = group_of_rows(c.sizes);
     std::vector<double> dc_ref(static_cast<size_t>(t * 2 * f)), dprob_ref(static_cast<size_t>(t));
     std::vector<double> db1_ref(static_cast<size_t>(e * 2 * f), 0.0);
     for (int64_t r = 0; r < t; ++r) {
-      const double p = value_at(probs.view, r);
+      const double prob = value_at(probs.view, r);
       double dp = value_at(dprob_add.view, r);
       for (int64_t i = 0; i < f; ++i) {
         const int64_t ca = glu_a_col(i, f, c.layout), cb = glu_b_col(i, f, c.layout);
         const GluRef gr = glu_ref_f64(value_at(cin.view, r * 2 * f + ca), value_at(cin.view, r * 2 * f + cb),
-                                      g[r * f + i], p, s.glu);
+                                      g[r * f + i], prob, params_of(c));
         dc_ref[r * 2 * f + ca] = gr.da;
         dc_ref[r * 2 * f + cb] = gr.db;
         dp += g[r * f + i] * gr.act;
@@ -173,12 +165,11 @@ TEST(CpuGluBackward, MatchesNaiveLoopWithDprobDb1AndMxfp8Output) {
     HostTensor row_s = poisoned(DType::e8m0, {rowwise_scale_bytes(t, 2 * f)});
     HostTensor col_s = poisoned(DType::e8m0, {colwise_scale_bytes(t, 2 * f, e)});
     HostTensor dprobs2 = poisoned(DType::f32, {t});
-    s.out_bf16 = TensorView{};
-    s.out_row = Mxfp8View{row.view, row_s.view, BlockAxis::row, ScaleLayout::swizzled};
-    s.out_col = Mxfp8View{col.view, col_s.view, BlockAxis::col, ScaleLayout::compact};
-    s.dprobs = dprobs2.view;
-    s.db1 = GradOut{db1_new.view, /*accumulate=*/false};
-    cpu::gemm_m(s);
+    args.dc = {.row = Mxfp8View{row.view, row_s.view, BlockAxis::row, ScaleLayout::swizzled},
+               .col = Mxfp8View{col.view, col_s.view, BlockAxis::col, ScaleLayout::compact}};
+    args.dprobs = dprobs2.view;
+    args.db1 = GradOut{db1_new.view, /*accumulate=*/false};
+    cpu::gemm_m(detail::fc2_dgrad(p, args).gemm_m());
     EXPECT_LT(rel(db1_new.view, db1_ref, {e, 2 * f}), 1e-5);
     for (int64_t j = 0; j < 2 * f; ++j) EXPECT_EQ(db1_new.ptr<float>()[j], 0.0f);
     EXPECT_TRUE(bytes_equal(dprobs.view, dprobs2.view));
@@ -195,19 +186,9 @@ TEST(CpuGluBackward, Bf16Db1AndAllEmptyGroups) {
   const Weights w2(3, c.k, f, false, BlockAxis::col, ScaleLayout::compact, -1.f, 1.f);
   HostTensor dc(DType::bf16, {0, 2 * f}), dprobs(DType::f32, {0});
   HostTensor db1 = poisoned(DType::bf16, {3, 2 * f});
-  MGemmStep s;
-  s.epilogue = Epilogue::glu_backward;
-  s.gemm.a = bf16_operand(dy);
-  s.gemm.offsets.offsets = offsets.view;
-  s.gemm.b = w2.dense();
-  s.gemm.b_kn = true;
-  s.probs = probs.view;
-  s.ffn = f;
-  s.c = cin.view;
-  s.out_bf16 = dc.view;
-  s.dprobs = dprobs.view;
-  s.db1 = GradOut{db1.view, false};
-  cpu::gemm_m(s);
+  const Fc2DgradArgs args{.dy = bf16_operand(dy), .w2 = w2.dense(), .offsets = {offsets.view}, .probs = probs.view,
+                          .c = cin.view, .dprobs = dprobs.view, .db1 = GradOut{db1.view, false}, .dc = {.bf16 = dc.view}};
+  cpu::gemm_m(detail::fc2_dgrad(problem_of(c, 3), args).gemm_m());
   for (int64_t i = 0; i < db1.numel(); ++i) EXPECT_EQ(db1.ptr<uint16_t>()[i], 0) << i;
 }
 

@@ -1,4 +1,4 @@
-// The grouped MLP over experts, forward and backward (DESIGN.md "The computation").
+// The grouped MLP over experts, forward and backward (docs/numerics.md "Layer dataflow").
 //
 //   C = X W1_e^T (+ b1_e)    A = act(C) * p    Y = A W2_e^T (+ b2_e or p * b2_e)
 //
@@ -53,7 +53,7 @@ struct SavedImpl;
 struct WgradImpl;
 }
 
-// What forward keeps for backward (NUMERICS A.12), owned by the library.
+// What forward keeps for backward (docs/numerics.md "Layer dataflow"), owned by the library.
 class SavedState {
  public:
   SavedState();

@@ -1,4 +1,5 @@
-// Where an E8M0 scale lives (NUMERICS A.4, B 1.3-1.4, B 2). Host+device, used by the CPU reference,
+// Where an E8M0 scale lives (docs/numerics.md "Block axes",
+// "Scale layouts", "Grouped scale placement"). Host+device, used by the CPU reference,
 // the CUDA kernels and the tests, so there is exactly one definition of every scale index.
 //
 // Row-wise (1x32 blocks along K, the contiguous axis) of an [M, K] tensor: one global matrix
@@ -8,7 +9,7 @@
 //   row, the last block of a group may be partial. Group e owns a chunk of scale rows starting at
 //   s_e = sum_{h<e} roundup(ceil(m_h/32), 4), each row roundup(K,128) bytes; inside the chunk the
 //   local matrix S[j = local block, i = column] is compact (row-major) or swizzled with MN index = i.
-//   A tensor without groups is one group. When every m_e is a multiple of 128 this is B's layout.
+//   A tensor without groups is one group. When every m_e is a multiple of 128 this is TE's layout.
 #pragma once
 #include <cstdint>
 
@@ -25,7 +26,7 @@ enum class ScaleLayout : uint8_t { compact, swizzled };
 MXMOE_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 MXMOE_HD int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
-// The cuBLAS / tcgen05 1D block-scaling swizzle (B 1.4): i = MN index, j = K-block index,
+// The cuBLAS / tcgen05 1D block-scaling swizzle ("Scale layouts"): i = MN index, j = K-block index,
 // c_pad = roundup(#K-blocks, 4).
 MXMOE_HD int64_t swizzled_scale_index(int64_t i, int64_t j, int64_t c_pad) {
   return ((i / 128) * (c_pad / 4) + j / 4) * 512 + (i % 32) * 16 + ((i % 128) / 32) * 4 + (j % 4);

@@ -1,4 +1,5 @@
-// Bit-level numerics shared by the CPU reference and the CUDA kernels (NUMERICS.md A.1, B 1.1-1.2):
+// Bit-level numerics shared by the CPU reference and the CUDA kernels (docs/numerics.md "Scale rule",
+// "E4M3 cast", "Decoding"):
 // BF16 round-to-nearest-even, E4M3 saturating RNE cast, E8M0 block scale rounded up, and the decode
 // multipliers. Every function is host+device and pure, so the GPU kernels and the CPU reference
 // compute the same bits from the same fp32 input.
@@ -44,7 +45,7 @@ MXMOE_HD uint16_t bf16_from_f32(float f) {
 MXMOE_HD float f32_from_bf16(uint16_t b) { return f32_from_bits(static_cast<uint32_t>(b) << 16); }
 MXMOE_HD float round_bf16(float f) { return f32_from_bf16(bf16_from_f32(f)); }
 
-// ---- E8M0 block scale (B 1.1): e - 127 = clamp(ceil(log2(amax / 448)), -127, 127) ----
+// ---- E8M0 block scale ("Scale rule"): e - 127 = clamp(ceil(log2(amax / 448)), -127, 127) ----
 // v = fp32(amax * fp32(1/448)); NaN -> 255, +Inf -> 254, 0 -> 0, else exponent rounded up.
 MXMOE_HD uint8_t e8m0_from_amax(float amax) {
   constexpr float kRcpMax = 1.0f / kE4m3Max;
@@ -67,7 +68,7 @@ MXMOE_HD float e8m0_to_f32(uint8_t e) {
   return f32_from_bits(static_cast<uint32_t>(e) << 23);
 }
 
-// Encode multiplier r = 2^(127-e), built exactly (B 1.2): e=0 -> 2^127, e=254 -> 2^-127, 255 -> NaN.
+// Encode multiplier r = 2^(127-e), built exactly ("E4M3 cast"): e=0 -> 2^127, e=254 -> 2^-127, 255 -> NaN.
 MXMOE_HD float e8m0_encode_multiplier(uint8_t e) {
   if (e == kE8m0NaN) return f32_from_bits(0x7fc00000u);
   const int biased = 254 - static_cast<int>(e);

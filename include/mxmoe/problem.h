@@ -1,4 +1,5 @@
-// The grouped-MLP problem description (DESIGN.md, NUMERICS.md A.6-A.7).
+// The grouped-MLP problem description (docs/numerics.md "GLU layouts", "SwiGLU",
+// "Clamped SwiGLU", "Biases").
 #pragma once
 #include <cstdint>
 #include <string>
@@ -37,7 +38,7 @@ const char* to_string(Recipe r);
 const char* to_string(WeightLayout w);
 std::string describe(const Problem& p);
 
-// Throws mxmoe::Error naming the field when the problem cannot be computed (NUMERICS A.5: H, F
+// Throws mxmoe::Error naming the field when the problem cannot be computed (docs/numerics.md "Dimensions": H, F
 // multiples of 32 for MXFP8 and of 8 for BF16; interleave32 needs F % 32 == 0; E >= 1).
 void validate_problem(const Problem& p);
 

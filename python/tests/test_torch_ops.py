@@ -14,7 +14,7 @@ ops = torch.ops.mxmoe
 CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="no CUDA device"))]
 RECIPES = ["bf16", "mxfp8"]
-# NUMERICS tolerances (relative Frobenius error vs an unquantized float64 reference).
+# docs/numerics.md "Tolerances" (relative Frobenius error vs an unquantized float64 reference).
 TOLERANCE = {("bf16", "swiglu"): 2e-2, ("bf16", "clamped_swiglu"): 2e-2,
              ("mxfp8", "swiglu"): 0.1, ("mxfp8", "clamped_swiglu"): 0.25}
 
@@ -73,7 +73,8 @@ def act(c, ffn, cfg):
 
 
 def reference_forward(x, counts, probs, w1, b1, w2, b2, cfg):
-    """float64 y of the layer, written from the formulas (NUMERICS 3.1-3.2, 4), autograd-differentiable."""
+    """float64 y of the layer, written from the formulas (docs/numerics.md "Layer dataflow", "SwiGLU",
+    "Clamped SwiGLU"), autograd-differentiable."""
     scale_fc2_bias = cfg[6]
     F = w2.shape[2]
     rows, start = [], 0
@@ -81,8 +82,8 @@ def reference_forward(x, counts, probs, w1, b1, w2, b2, cfg):
         xe, pe = x[start:start + m], probs[start:start + m, None]
         c = xe @ w1[e].T + (b1[e] if b1 is not None else 0)
         # The one quantization point modelled: backward differentiates the activation at the bf16 C
-        # that forward saves (NUMERICS 3.3). It matters for the clamps, whose masks flip for values
-        # within rounding of +-L; the value itself comes from the exact C.
+        # that forward saves (docs/numerics.md "Activation precision"). It matters for the clamps,
+        # whose masks flip for values within rounding of +-L; the value itself comes from the exact C.
         c_saved = c + (c.to(torch.bfloat16).double() - c).detach()
         h = act(c_saved, F, cfg) + (act(c, F, cfg) - act(c_saved, F, cfg)).detach()
         y = (h * pe) @ w2[e].T

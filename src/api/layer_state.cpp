@@ -14,7 +14,8 @@ OwnedTensor make_tensor(const Options& opt, Device d, DType t, std::initializer_
 OwnedMxfp8 make_mxfp8(const Options& opt, Device d, int64_t rows, int64_t cols, BlockAxis axis, ScaleLayout layout,
                       int64_t experts) {
   OwnedMxfp8 o;
-  const int64_t sbytes = axis == BlockAxis::row ? rowwise_scale_bytes(rows, cols) : colwise_scale_bytes(rows, cols, experts);
+  const int64_t sbytes =
+      axis == BlockAxis::row ? rowwise_scale_bytes(rows, cols) : colwise_scale_bytes(rows, cols, experts);
   o.data = allocate(d, rows * cols, opt.stream, opt.allocator);
   o.scales = allocate(d, sbytes, opt.stream, opt.allocator);
   o.view.data = TensorView::of(o.data.ptr, DType::e4m3, {rows, cols}, d);

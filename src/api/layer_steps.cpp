@@ -46,7 +46,10 @@ LayerStep wgrad(const char* label, const Problem& p, const KGroupedGemmArgs& a, 
   const double T = static_cast<double>(rows_of(a.a)), E = static_cast<double>(p.experts);
   const DType out = a.d.per_expert() ? a.d.dtype : a.d.dense.dtype;
   const double out_bytes = E * m * n * static_cast<double>(dtype_size(out)) * (a.accumulate ? 2.0 : 1.0);
-  return {label, {Step::gemm_k, device_of(a.a), p.recipe, n, m}, {2.0 * T * m * n, T * (m + n) * elem_bytes(a.a) + out_bytes}, a};
+  return {label,
+          {Step::gemm_k, device_of(a.a), p.recipe, n, m},
+          {2.0 * T * m * n, T * (m + n) * elem_bytes(a.a) + out_bytes},
+          a};
 }
 
 }  // namespace
@@ -76,8 +79,12 @@ void PlannedSteps::run() {
 
 LayerStep quantize_x(const QuantizeArgs& args) { return quantize_activation("quantize_x", args); }
 LayerStep quantize_dy(const QuantizeArgs& args) { return quantize_activation("quantize_dy", args); }
-LayerStep quantize_w1(const QuantizeExpertsStep& args) { return quantize_weights("quantize_w1", "quantize_w1_col", args); }
-LayerStep quantize_w2(const QuantizeExpertsStep& args) { return quantize_weights("quantize_w2", "quantize_w2_col", args); }
+LayerStep quantize_w1(const QuantizeExpertsStep& args) {
+  return quantize_weights("quantize_w1", "quantize_w1_col", args);
+}
+LayerStep quantize_w2(const QuantizeExpertsStep& args) {
+  return quantize_weights("quantize_w2", "quantize_w2_col", args);
+}
 
 LayerStep fc1_fprop(const Problem& p, const Fc1FpropArgs& a) {
   MGemmStep s;
@@ -93,8 +100,8 @@ LayerStep fc1_fprop(const Problem& p, const Fc1FpropArgs& a) {
   s.c = a.c;
   set_glu_output(s, a.a);
   const double T = static_cast<double>(rows_of(a.x)), H = p.hidden, F = p.ffn, E = p.experts;
-  const double bytes = T * H * elem_bytes(a.x) + E * 2 * F * H * elem_bytes(a.w1) + T * 2 * F * kBf16Bytes +
-                       T * F * kGluOutBytes;
+  const double bytes =
+      T * H * elem_bytes(a.x) + E * 2 * F * H * elem_bytes(a.w1) + T * 2 * F * kBf16Bytes + T * F * kGluOutBytes;
   return {"fc1_fprop", {Step::gemm_m, device_of(a.x), p.recipe, 2 * p.ffn, p.hidden}, {4 * T * H * F, bytes}, s};
 }
 
@@ -140,8 +147,8 @@ LayerStep fc2_dgrad(const Problem& p, const Fc2DgradArgs& a) {
   if (p.fc1_bias) s.db1 = a.db1;
   set_glu_output(s, a.dc);
   const double T = static_cast<double>(rows_of(a.dy)), H = p.hidden, F = p.ffn, E = p.experts;
-  const double bytes = T * H * elem_bytes(a.dy) + E * H * F * elem_bytes(a.w2) + T * 2 * F * kBf16Bytes +
-                       T * 2 * F * kGluOutBytes;
+  const double bytes =
+      T * H * elem_bytes(a.dy) + E * H * F * elem_bytes(a.w2) + T * 2 * F * kBf16Bytes + T * 2 * F * kGluOutBytes;
   return {"fc2_dgrad", {Step::gemm_m, device_of(a.dy), p.recipe, p.ffn, p.hidden}, {2 * T * H * F, bytes}, s};
 }
 
@@ -159,6 +166,8 @@ LayerStep fc1_dgrad(const Problem& p, const Fc1DgradArgs& a) {
 }
 
 LayerStep fc2_wgrad(const Problem& p, const KGroupedGemmArgs& a) { return wgrad("fc2_wgrad", p, a, p.hidden, p.ffn); }
-LayerStep fc1_wgrad(const Problem& p, const KGroupedGemmArgs& a) { return wgrad("fc1_wgrad", p, a, 2 * p.ffn, p.hidden); }
+LayerStep fc1_wgrad(const Problem& p, const KGroupedGemmArgs& a) {
+  return wgrad("fc1_wgrad", p, a, 2 * p.ffn, p.hidden);
+}
 
 }  // namespace mxmoe::detail

@@ -29,7 +29,7 @@ struct LayerStep {
   std::string label;  // e.g. "fc1_fprop": what the report and the bench table call it
   StepQuery query;    // what dispatch asks each backend's probe
   StepCost cost;
-  StepArgs args;      // what the chosen backend runs
+  StepArgs args;  // what the chosen backend runs
 
   // Typed access, for callers that run a step on one backend's functions directly (tests).
   const QuantizeArgs& quantize() const { return std::get<QuantizeArgs>(args); }
@@ -91,12 +91,12 @@ LayerStep fc1_fprop(const Problem& p, const Fc1FpropArgs& args);
 
 // Y = A W2_e^T (+ b2_e, or p * b2_e when problem.scale_fc2_bias).
 struct Fc2FpropArgs {
-  Operand a;             // [T, F]
-  ExpertOperand w2;      // [E, H, F]
+  Operand a;         // [T, F]
+  ExpertOperand w2;  // [E, H, F]
   GroupOffsets offsets;
-  TensorView b2;         // bf16 [E, H]; read when problem.fc2_bias
-  TensorView probs;      // f32 [T]
-  TensorView y;          // out: bf16 [T, H]
+  TensorView b2;     // bf16 [E, H]; read when problem.fc2_bias
+  TensorView probs;  // f32 [T]
+  TensorView y;      // out: bf16 [T, H]
 };
 LayerStep fc2_fprop(const Problem& p, const Fc2FpropArgs& args);
 
@@ -107,8 +107,8 @@ LayerStep fc2_bias_grads(const Problem& p, const Fc2BiasGradStep& args);
 
 // dA = dY W2_e; dC = act'(C, dA * p) with dprob and db1 in the same epilogue.
 struct Fc2DgradArgs {
-  Operand dy;            // [T, H]
-  ExpertOperand w2;      // [E, H, F] read as [K, N] (column-wise MXFP8)
+  Operand dy;        // [T, H]
+  ExpertOperand w2;  // [E, H, F] read as [K, N] (column-wise MXFP8)
   GroupOffsets offsets;
   TensorView probs;      // f32 [T]
   TensorView c;          // bf16 [T, 2F] saved by forward
@@ -121,10 +121,10 @@ LayerStep fc2_dgrad(const Problem& p, const Fc2DgradArgs& args);
 
 // dX = dC W1_e.
 struct Fc1DgradArgs {
-  Operand dc;            // [T, 2F]
-  ExpertOperand w1;      // [E, 2F, H] read as [K, N] (column-wise MXFP8)
+  Operand dc;        // [T, 2F]
+  ExpertOperand w1;  // [E, 2F, H] read as [K, N] (column-wise MXFP8)
   GroupOffsets offsets;
-  TensorView dx;         // out: bf16 [T, H]
+  TensorView dx;  // out: bf16 [T, H]
 };
 LayerStep fc1_dgrad(const Problem& p, const Fc1DgradArgs& args);
 

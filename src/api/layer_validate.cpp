@@ -47,7 +47,7 @@ void validate_inputs(const Problem& p, const ForwardArgs& a, int64_t T, Device d
 }
 
 std::vector<Region> input_regions(const ForwardArgs& a) {
-  return {region("x", a.x),   region("offsets", a.offsets.offsets), region("probs", a.probs),
+  return {region("x", a.x),         region("offsets", a.offsets.offsets), region("probs", a.probs),
           region("w1", a.w1.dense), region("w1.pointers", a.w1.pointers), region("b1", a.b1),
           region("w2", a.w2.dense), region("w2.pointers", a.w2.pointers), region("b2", a.b2)};
 }
@@ -99,7 +99,6 @@ std::vector<Region> deferred_buffer_regions(const StateBuffers& s) {
   return r;
 }
 
-
 void check_grad_matrices(const Problem& p, const WeightGrads& g, Device d) {
   const int64_t E = p.experts, H = p.hidden, F = p.ffn;
   check_weight_layout(p, g.dw1, "grads.dw1");
@@ -141,7 +140,6 @@ std::vector<Region> saved_input_regions(const SavedImpl& s) {
   add_regions(r, "saved.a_col", s.a_col.view);
   return r;
 }
-
 
 }  // namespace
 

@@ -1,4 +1,5 @@
-// GLU activations scaled by the router probability (NUMERICS A.6-A.7, B 3.1-3.2), host+device so
+// GLU activations scaled by the router probability (docs/numerics.md "GLU layouts", "SwiGLU",
+// "Clamped SwiGLU"), host+device so
 // the CPU reference and the CUDA epilogues evaluate the same formulas. All math in fp32.
 #pragma once
 #include <cmath>

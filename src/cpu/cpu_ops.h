@@ -1,4 +1,4 @@
-// The CPU reference backend's steps (NUMERICS Part A). Plain loops, fp32 accumulation (fp64 where
+// The CPU reference backend's steps (docs/numerics.md). Plain loops, fp32 accumulation (fp64 where
 // noted), OpenMP over rows/experts, deterministic. Arguments arrive validated.
 #pragma once
 #include "src/dispatch/backend.h"

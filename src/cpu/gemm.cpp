@@ -1,4 +1,5 @@
-// CPU reference grouped GEMMs (NUMERICS A.8-A.10, B 3-4), the oracle every GPU path is tested against.
+// CPU reference grouped GEMMs, the oracle every GPU path is tested against (docs/numerics.md "Layer dataflow",
+// "Weight-gradient accumulation", "Determinism and graph safety").
 //
 // gemm_m:  D[t, :] = A[t, :] . B_e for the rows t of group e, fp32 accumulation, then an epilogue:
 //   store         D = acc (+ b_e, or p_t * b_e)                     -> bf16 or f32 [T, N]
@@ -11,7 +12,7 @@
 // Operands are decoded to fp32 once (per expert for weights, per chunk of rows for activations) and
 // multiplied by the blocked fp32 GEMM of gemm_core.cpp. Reductions (dprob, db1, db2) run in fp64 in
 // a fixed order, so every output is deterministic.
-// Run: mxmoe_unit_tests --gtest_filter='CpuGemm*:CpuGlu*:CpuFc2*'
+// Run: <build>/tests/mxmoe_unit_tests --gtest_filter='CpuGemm*:CpuGlu*:CpuFc2*'
 #include <algorithm>
 #include <vector>
 
@@ -54,7 +55,7 @@ void store_row(const MGemmStep& s, int64_t e, int64_t t, int64_t n, const float*
   }
 }
 
-// acc: [2F] fp32, overwritten with acc + b1. The activation uses these fp32 values (B 3.3), not the
+// acc: [2F] fp32, overwritten with acc + b1. The activation uses these fp32 values ("Activation precision"), not the
 // bf16 copy saved in C.
 void glu_forward_row(const MGemmStep& s, int64_t e, int64_t t, float* acc, uint16_t* a_out) {
   const int64_t f = s.ffn, n = 2 * f;
@@ -70,7 +71,8 @@ void glu_forward_row(const MGemmStep& s, int64_t e, int64_t t, float* acc, uint1
   }
 }
 
-// g: [F] fp32 (dA); dc: [2F] fp32 out. Recomputes the activation from the saved bf16 C (B 3.3).
+// g: [F] fp32 (dA); dc: [2F] fp32 out. Recomputes the activation from the saved bf16 C
+// (docs/numerics.md "Activation precision").
 void glu_backward_row(const MGemmStep& s, int64_t t, const float* g, float* dc, uint16_t* dc_out) {
   const int64_t f = s.ffn, n = 2 * f;
   const uint16_t* c = s.c.ptr<const uint16_t>() + t * n;
@@ -91,7 +93,7 @@ void glu_backward_row(const MGemmStep& s, int64_t t, const float* g, float* dc, 
 }
 
 // The bf16 [T, cols] tensor a glu epilogue writes: the caller's out_bf16, or a temporary that is
-// then quantized to out_row / out_col (NUMERICS A.3: quantize(bf16(x))).
+// then quantized to out_row / out_col (docs/numerics.md "Quantized value").
 struct ActivationOut {
   std::vector<uint16_t> temp;
   uint16_t* data = nullptr;

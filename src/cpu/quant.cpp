@@ -1,4 +1,5 @@
-// CPU reference MXFP8 quantize / dequantize (NUMERICS A.1, A.3, A.4; B 1.1-1.2).
+// CPU reference MXFP8 quantize / dequantize (docs/numerics.md "Scale rule",
+// "E4M3 cast", "Quantized value", "Group restarts").
 //
 // Computes, from bf16 src [M, K] (row-major):
 //   row-wise    e4m3 data [M, K] + one E8M0 scale per 1x32 block along K (rowwise_scale_index);
@@ -11,7 +12,7 @@
 // Every byte of a scale buffer is written: padding is zero. All paths share quantize_block and
 // dequantize_block; OpenMP splits rows, column blocks or (expert, row) pairs, each written by
 // exactly one thread, so the result does not depend on the thread count.
-// Run: mxmoe_unit_tests --gtest_filter='*Quant*'
+// Run: <build>/tests/mxmoe_unit_tests --gtest_filter='Quant*'
 #include <algorithm>
 #include <cstring>
 #include <string>

@@ -33,7 +33,7 @@ ActValue activation(double a, double b, const Problem& p) {
   const double lin = bc + p.clamp.linear_offset;
   ActValue v;
   v.act = ac * s * lin;
-  // Inclusive masks (NUMERICS B 3.2): the gradient passes at a == L and |b| == L.
+  // Inclusive masks (docs/numerics.md "Clamped SwiGLU"): the gradient passes at a == L and |b| == L.
   v.dact_da = a <= limit ? lin * (s + alpha * ac * s * (1.0 - s)) : 0.0;
   v.dact_db = (b >= -limit && b <= limit) ? ac * s : 0.0;
   return v;

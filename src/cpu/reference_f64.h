@@ -1,5 +1,5 @@
 // An independent, unquantized fp64 reference of the whole grouped-MLP layer, forward and backward
-// (NUMERICS.md "Tests and tolerances": the sanity reference that catches systematic errors).
+// (docs/numerics.md "Tolerances": the sanity reference that catches systematic errors).
 // It shares nothing with the step code except the GLU column mapping: no quantization, no bf16
 // rounding, every intermediate in double. Plain loops, OpenMP over rows and experts.
 //

@@ -1,6 +1,7 @@
 // The step interface every backend implements, and the dispatch that picks one per step.
 // A backend that cannot serve a step says so through probe() with a reason; it never throws from a
-// lookup. The next backend in the chain then runs, and the report records why (DESIGN.md layer 2).
+// lookup. The next backend in the chain then runs, and the report records why (docs/architecture.md
+// "Dispatch").
 #pragma once
 #include <memory>
 #include <string>

@@ -1,5 +1,6 @@
-// Independent fp64 statement of the scaled GLU activations (NUMERICS B 3.2), for tests only: the
-// value h = p * act(a, b) and its derivatives, derived by hand rather than taken from src/common/glu.h.
+// Independent fp64 statement of the scaled GLU activations (docs/numerics.md "SwiGLU",
+// "Clamped SwiGLU"), for tests only: the value h = p * act(a, b) and its derivatives, derived by
+// hand rather than taken from src/common/glu.h.
 #pragma once
 #include <algorithm>
 #include <cmath>

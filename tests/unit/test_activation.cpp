@@ -1,7 +1,7 @@
-// The scaled GLU activations of src/common/glu.h (NUMERICS B 3.2): glu_backward's da, db and the
-// dprob term against central finite differences of p * act in fp64 (tests/unit/glu_reference.h),
-// the inclusive clamp masks, and the GLU column mapping.
-// Run: mxmoe_unit_tests --gtest_filter='GluActivation*'
+// The scaled GLU activations of src/common/glu.h (docs/numerics.md "SwiGLU", "Clamped SwiGLU"):
+// glu_backward's da, db and the dprob term against central finite differences of p * act in fp64
+// (tests/unit/glu_reference.h), the inclusive clamp masks, and the GLU column mapping.
+// Run: <build>/tests/mxmoe_unit_tests --gtest_filter='GluActivation*'
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,7 +1,7 @@
 // The CPU reference grouped GEMMs (src/cpu/gemm.cpp) against naive fp64 loops: the m-grouped GEMM's
 // store epilogue, the k-grouped GEMM and the FC2 bias gradients (glu epilogues:
 // test_cpu_glu_epilogues.cpp).
-// Run: mxmoe_unit_tests --gtest_filter='CpuGemm*:CpuFc2*'
+// Run: <build>/tests/mxmoe_unit_tests --gtest_filter='CpuGemm*:CpuFc2*'
 #include <gtest/gtest.h>
 #include <omp.h>
 

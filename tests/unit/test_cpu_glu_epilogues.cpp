@@ -1,7 +1,7 @@
 // The CPU reference m-grouped GEMM's GLU epilogues (src/cpu/gemm.cpp) against naive fp64 loops:
 // glu_forward (C, A = p * act(C), MXFP8 A) and glu_backward (dC, dprob, db1, MXFP8 dC), both
 // activations, both GLU layouts, inputs that cross the clamp limits.
-// Run: mxmoe_unit_tests --gtest_filter='CpuGlu*'
+// Run: <build>/tests/mxmoe_unit_tests --gtest_filter='CpuGlu*'
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -51,10 +51,9 @@ const GluCase kGluCases[] = {
     {.act = Activation::clamped_swiglu, .layout = GluLayout::interleave32},
 };
 
-// Quantizing the bf16 result must give the bytes the fused MXFP8 output gave (NUMERICS A.3).
+// Quantizing the bf16 result must give the bytes the fused MXFP8 output gave (docs/numerics.md "Quantized value").
 void expect_quantized_equal(const HostTensor& bf16_out, const HostTensor& offsets, const HostTensor& row,
-                            const HostTensor& row_scales, const HostTensor& col,
-                            const HostTensor& col_scales) {
+                            const HostTensor& row_scales, const HostTensor& col, const HostTensor& col_scales) {
   const int64_t m = bf16_out.view.shape[0], k = bf16_out.view.shape[1];
   HostTensor r2(DType::e4m3, {m, k}), rs2(DType::e8m0, {row_scales.numel()});
   HostTensor c2(DType::e4m3, {m, k}), cs2(DType::e8m0, {col_scales.numel()});
@@ -81,8 +80,13 @@ TEST(CpuGluForward, MatchesNaiveLoopAndMxfp8OutputIsQuantizedBf16) {
     HostTensor cbuf = poisoned(DType::bf16, {t, 2 * f}), out = poisoned(DType::bf16, {t, f});
 
     const Problem p = problem_of(c, e);
-    Fc1FpropArgs args{.x = bf16_operand(x), .w1 = w1.dense(), .offsets = {offsets.view}, .b1 = b1.view,
-                      .probs = probs.view, .c = cbuf.view, .a = {.bf16 = out.view}};
+    Fc1FpropArgs args{.x = bf16_operand(x),
+                      .w1 = w1.dense(),
+                      .offsets = {offsets.view},
+                      .b1 = b1.view,
+                      .probs = probs.view,
+                      .c = cbuf.view,
+                      .a = {.bf16 = out.view}};
     cpu::gemm_m(detail::fc1_fprop(p, args).gemm_m());
 
     std::vector<double> cref = naive_gemm_m(values(x.view), w1, c.sizes, c.k, 2 * f, false);
@@ -92,8 +96,7 @@ TEST(CpuGluForward, MatchesNaiveLoopAndMxfp8OutputIsQuantizedBf16) {
     for (int64_t r = 0; r < t; ++r) {
       for (int64_t j = 0; j < 2 * f; ++j) cref[r * 2 * f + j] += value_at(b1.view, group[r] * 2 * f + j);
       for (int64_t i = 0; i < f; ++i) {
-        const double a = cref[r * 2 * f + glu_a_col(i, f, c.layout)],
-                     b = cref[r * 2 * f + glu_b_col(i, f, c.layout)];
+        const double a = cref[r * 2 * f + glu_a_col(i, f, c.layout)], b = cref[r * 2 * f + glu_b_col(i, f, c.layout)];
         aref[r * f + i] = value_at(probs.view, r) * glu_act_f64(a, b, params_of(c));
         clamped += (a > 7.0) + (std::abs(b) > 7.0);
       }
@@ -129,9 +132,15 @@ TEST(CpuGluBackward, MatchesNaiveLoopWithDprobDb1AndMxfp8Output) {
     HostTensor db1_acc = db1_prior, db1_new = poisoned(DType::f32, {e, 2 * f});
 
     const Problem p = problem_of(c, e);
-    Fc2DgradArgs args{.dy = bf16_operand(dy), .w2 = w2.dense(), .offsets = {offsets.view}, .probs = probs.view,
-                      .c = cin.view, .dprobs = dprobs.view, .dprob_add = dprob_add.view,
-                      .db1 = GradOut{db1_acc.view, /*accumulate=*/true}, .dc = {.bf16 = dc.view}};
+    Fc2DgradArgs args{.dy = bf16_operand(dy),
+                      .w2 = w2.dense(),
+                      .offsets = {offsets.view},
+                      .probs = probs.view,
+                      .c = cin.view,
+                      .dprobs = dprobs.view,
+                      .dprob_add = dprob_add.view,
+                      .db1 = GradOut{db1_acc.view, /*accumulate=*/true},
+                      .dc = {.bf16 = dc.view}};
     cpu::gemm_m(detail::fc2_dgrad(p, args).gemm_m());
 
     const std::vector<double> g = naive_gemm_m(values(dy.view), w2, c.sizes, c.k, f, true);
@@ -186,8 +195,14 @@ TEST(CpuGluBackward, Bf16Db1AndAllEmptyGroups) {
   const Weights w2(3, c.k, f, false, BlockAxis::col, ScaleLayout::compact, -1.f, 1.f);
   HostTensor dc(DType::bf16, {0, 2 * f}), dprobs(DType::f32, {0});
   HostTensor db1 = poisoned(DType::bf16, {3, 2 * f});
-  const Fc2DgradArgs args{.dy = bf16_operand(dy), .w2 = w2.dense(), .offsets = {offsets.view}, .probs = probs.view,
-                          .c = cin.view, .dprobs = dprobs.view, .db1 = GradOut{db1.view, false}, .dc = {.bf16 = dc.view}};
+  const Fc2DgradArgs args{.dy = bf16_operand(dy),
+                          .w2 = w2.dense(),
+                          .offsets = {offsets.view},
+                          .probs = probs.view,
+                          .c = cin.view,
+                          .dprobs = dprobs.view,
+                          .db1 = GradOut{db1.view, false},
+                          .dc = {.bf16 = dc.view}};
   cpu::gemm_m(detail::fc2_dgrad(problem_of(c, 3), args).gemm_m());
   for (int64_t i = 0; i < db1.numel(); ++i) EXPECT_EQ(db1.ptr<uint16_t>()[i], 0) << i;
 }

@@ -1,5 +1,5 @@
 // The whole layer on the CPU backend: against the independent unquantized fp64 reference
-// (NUMERICS tolerances), and the exactness properties of the API (weight layouts, deferred wgrad,
+// (docs/numerics.md "Tolerances"), and the exactness properties of the API (weight layouts, deferred wgrad,
 // main-grad accumulation, empty experts).
 #include <gtest/gtest.h>
 
@@ -43,8 +43,8 @@ double rel_error_vs(const HostTensor& out, const std::vector<double>& ref) {
 
 // `masked_tol` bounds the outputs that pass through the clamp masks' derivative (dx, dw1, db1):
 // the backward differentiates at the saved bf16 C, and a C within half a bf16 ulp of +-limit can
-// land on the other side of it, switching one gradient entry on or off (NUMERICS "Tests and
-// tolerances"); the unquantized reference cannot model that, so those outputs get a looser bound.
+// land on the other side of it, switching one gradient entry on or off (docs/numerics.md
+// "Tolerances"); the unquantized reference cannot model that, so those outputs get a looser bound.
 void expect_near_reference(const LayerOutputs& o, const cpu::RefLayerOutputs& r, const Problem& p, double tol,
                            double masked_tol) {
   EXPECT_LE(rel_error_vs(o.y, r.y), tol) << "y";
@@ -103,7 +103,8 @@ TEST(CpuLayer, Bf16RecipeMatchesUnquantizedFp64Reference) {
 
 TEST(CpuLayer, Mxfp8RecipeSwigluWithinSanityToleranceOfFp64) {
   for (const Variant& v : kVariants) {
-    if (v.act != Activation::swiglu) continue;  // clamped: a quantized value may flip a mask (NUMERICS)
+    // clamped: a quantized value may flip a mask (docs/numerics.md "Tolerances")
+    if (v.act != Activation::swiglu) continue;
     Problem p = make_problem(Recipe::mxfp8, v.act, v.glu, v.b1, v.b2, v.scale);
     SCOPED_TRACE(describe(p));
     LayerData d = make_layer_data(p, kSizes);

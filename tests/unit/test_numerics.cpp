@@ -1,5 +1,5 @@
 // Bit-level conversions of include/mxmoe/numerics.h against hand-computed vectors and an independent
-// slow nearest-even reference (NUMERICS A.1, B 1.1-1.2).
+// slow nearest-even reference (docs/numerics.md "Scale rule", "E4M3 cast").
 #include <gtest/gtest.h>
 
 #include <cfloat>

@@ -1,6 +1,7 @@
 // The CPU reference MXFP8 quantizer (src/cpu/quant.cpp) against an independent reference written
 // here: scales from ceil(log2(amax/448)) in double, scale placement from the test's own group and
-// swizzle arithmetic, every output byte poisoned and checked (NUMERICS A.1, A.4, B 1.1-1.4).
+// swizzle arithmetic, every output byte poisoned and checked (docs/numerics.md "Scale rule", "E4M3 cast",
+// "Group restarts", "Scale layouts", "Grouped scale placement").
 #include <gtest/gtest.h>
 #include <omp.h>
 

@@ -1,5 +1,5 @@
 // `mxmoe run`: build a random problem, run forward + backward on the best device, time it, and check
-// every output twice (NUMERICS "Tests and tolerances"):
+// every output twice (docs/numerics.md "Tolerances"):
 //   1. same-points vs the CPU backend (1e-2), when the run itself is not the CPU backend;
 //   2. sanity vs the unquantized fp64 reference (2e-2 bf16, 0.1 mxfp8 swiglu, 0.25 mxfp8 clamped).
 // Large problems are checked on ~256 sampled rows (y, dx, dprobs) and on whole sampled experts run as

@@ -1,4 +1,5 @@
-// Model presets (DESIGN.md table) and the problem a command line asks for.
+// Model presets (docs/architecture.md "Model presets": per-GPU expert loads of real models) and the
+// problem a command line asks for.
 #include <limits>
 
 #include "tools/mxmoe/cli.h"

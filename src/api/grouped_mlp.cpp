@@ -41,9 +41,7 @@ ExpertOperand bf16_operand(const ExpertMatrices& w) { return ExpertOperand{w, {}
 
 std::unique_ptr<SavedImpl> new_saved(const Problem& p, const ForwardArgs& refs, int64_t T, Device d) {
   auto s = std::make_unique<SavedImpl>();
-  s->problem = p;
-  s->tokens = T;
-  s->device = d;
+  static_cast<StateOrigin&>(*s) = {p, T, d};
   s->refs = refs;
   s->refs.y = {};
   return s;
@@ -51,9 +49,7 @@ std::unique_ptr<SavedImpl> new_saved(const Problem& p, const ForwardArgs& refs, 
 
 std::unique_ptr<WgradImpl> new_wgrad(const Problem& p, const GroupOffsets& offsets, int64_t T, Device d) {
   auto w = std::make_unique<WgradImpl>();
-  w->problem = p;
-  w->tokens = T;
-  w->device = d;
+  static_cast<StateOrigin&>(*w) = {p, T, d};
   w->offsets = offsets;
   return w;
 }

@@ -42,10 +42,14 @@ OwnedExpertMxfp8 make_expert_mxfp8(const Options& o, Device d, int64_t experts, 
 OwnedTensor borrowed(const TensorView& v);
 OwnedMxfp8 borrowed(const Mxfp8View& v);
 
-struct SavedImpl {
+// The call a state belongs to.
+struct StateOrigin {
   Problem problem;
   int64_t tokens = 0;
   Device device{};
+};
+
+struct SavedImpl : StateOrigin {
   ForwardArgs refs;      // caller's inputs, referenced not copied (y unused)
   OwnedTensor c;         // FC1 output, bf16 [T, 2F]
   OwnedMxfp8 x_col;      // mxfp8: X column-wise (for dW1)
@@ -55,10 +59,7 @@ struct SavedImpl {
   int64_t bytes() const { return c.bytes() + x_col.bytes() + a_col.bytes() + a_bf16.bytes(); }
 };
 
-struct WgradImpl {
-  Problem problem;
-  int64_t tokens = 0;
-  Device device{};
+struct WgradImpl : StateOrigin {
   GroupOffsets offsets;
   TensorView x_bf16, dy_bf16;  // bf16 recipe: caller's x and dy, referenced
   OwnedMxfp8 x_col, a_col, dy_col, dc_col;

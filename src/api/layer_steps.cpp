@@ -18,7 +18,25 @@ constexpr double kBf16Bytes = 2.0;
 
 GluParams glu_params(const Problem& p) { return GluParams{p.activation, p.clamp}; }
 
-void set_glu_output(MGemmStep& s, const GluOutput& out) {
+// The GEMM part of an m-grouped step; B_e is [N, K] for fprop, [K, N] (b_kn) for dgrad.
+MGemmStep gemm_step(Epilogue epilogue, const Operand& a, const ExpertOperand& b, bool b_kn, const GroupOffsets& offsets,
+                    const TensorView& probs) {
+  MGemmStep s;
+  s.epilogue = epilogue;
+  s.gemm.a = a;
+  s.gemm.b = b;
+  s.gemm.b_kn = b_kn;
+  s.gemm.offsets = offsets;
+  s.probs = probs;
+  return s;
+}
+
+// The activation and where its output goes, for the glu epilogues.
+void set_glu(MGemmStep& s, const Problem& p, const TensorView& c, const GluOutput& out) {
+  s.glu = glu_params(p);
+  s.glu_layout = p.glu_layout;
+  s.ffn = p.ffn;
+  s.c = c;
   s.out_bf16 = out.bf16;
   s.out_row = out.row;
   s.out_col = out.col;
@@ -87,18 +105,9 @@ LayerStep quantize_w2(const QuantizeExpertsStep& args) {
 }
 
 LayerStep fc1_fprop(const Problem& p, const Fc1FpropArgs& a) {
-  MGemmStep s;
-  s.epilogue = Epilogue::glu_forward;
-  s.gemm.a = a.x;
-  s.gemm.b = a.w1;
-  s.gemm.offsets = a.offsets;
+  MGemmStep s = gemm_step(Epilogue::glu_forward, a.x, a.w1, /*b_kn=*/false, a.offsets, a.probs);
   s.gemm.bias = p.fc1_bias ? a.b1 : TensorView{};
-  s.probs = a.probs;
-  s.glu = glu_params(p);
-  s.glu_layout = p.glu_layout;
-  s.ffn = p.ffn;
-  s.c = a.c;
-  set_glu_output(s, a.a);
+  set_glu(s, p, a.c, a.a);
   const double T = static_cast<double>(rows_of(a.x)), H = p.hidden, F = p.ffn, E = p.experts;
   const double bytes =
       T * H * elem_bytes(a.x) + E * 2 * F * H * elem_bytes(a.w1) + T * 2 * F * kBf16Bytes + T * F * kGluOutBytes;
@@ -106,14 +115,9 @@ LayerStep fc1_fprop(const Problem& p, const Fc1FpropArgs& a) {
 }
 
 LayerStep fc2_fprop(const Problem& p, const Fc2FpropArgs& a) {
-  MGemmStep s;
-  s.epilogue = Epilogue::store;
-  s.gemm.a = a.a;
-  s.gemm.b = a.w2;
-  s.gemm.offsets = a.offsets;
+  MGemmStep s = gemm_step(Epilogue::store, a.a, a.w2, /*b_kn=*/false, a.offsets, a.probs);
   s.gemm.bias = p.fc2_bias ? a.b2 : TensorView{};
   s.bias_scale_by_probs = p.scale_fc2_bias;
-  s.probs = a.probs;
   s.gemm.d = a.y;
   const double T = static_cast<double>(rows_of(a.a)), H = p.hidden, F = p.ffn, E = p.experts;
   const double bytes = T * F * elem_bytes(a.a) + E * H * F * elem_bytes(a.w2) + T * H * kBf16Bytes;
@@ -131,21 +135,12 @@ LayerStep fc2_bias_grads(const Problem& p, const Fc2BiasGradStep& args) {
 }
 
 LayerStep fc2_dgrad(const Problem& p, const Fc2DgradArgs& a) {
-  MGemmStep s;
-  s.epilogue = Epilogue::glu_backward;
-  s.gemm.a = a.dy;
-  s.gemm.b = a.w2;
-  s.gemm.b_kn = true;  // W2_e is [H, F] = [K, N]
-  s.gemm.offsets = a.offsets;
-  s.probs = a.probs;
-  s.glu = glu_params(p);
-  s.glu_layout = p.glu_layout;
-  s.ffn = p.ffn;
-  s.c = a.c;
+  // W2_e is [H, F] = [K, N]
+  MGemmStep s = gemm_step(Epilogue::glu_backward, a.dy, a.w2, /*b_kn=*/true, a.offsets, a.probs);
+  set_glu(s, p, a.c, a.dc);
   s.dprobs = a.dprobs;
   s.dprob_add = a.dprob_add;
   if (p.fc1_bias) s.db1 = a.db1;
-  set_glu_output(s, a.dc);
   const double T = static_cast<double>(rows_of(a.dy)), H = p.hidden, F = p.ffn, E = p.experts;
   const double bytes =
       T * H * elem_bytes(a.dy) + E * H * F * elem_bytes(a.w2) + T * 2 * F * kBf16Bytes + T * 2 * F * kGluOutBytes;
@@ -153,12 +148,8 @@ LayerStep fc2_dgrad(const Problem& p, const Fc2DgradArgs& a) {
 }
 
 LayerStep fc1_dgrad(const Problem& p, const Fc1DgradArgs& a) {
-  MGemmStep s;
-  s.epilogue = Epilogue::store;
-  s.gemm.a = a.dc;
-  s.gemm.b = a.w1;
-  s.gemm.b_kn = true;  // W1_e is [2F, H] = [K, N]
-  s.gemm.offsets = a.offsets;
+  // W1_e is [2F, H] = [K, N]
+  MGemmStep s = gemm_step(Epilogue::store, a.dc, a.w1, /*b_kn=*/true, a.offsets, {});
   s.gemm.d = a.dx;
   const double T = static_cast<double>(rows_of(a.dc)), H = p.hidden, F = p.ffn, E = p.experts;
   const double bytes = T * 2 * F * elem_bytes(a.dc) + E * 2 * F * H * elem_bytes(a.w1) + T * H * kBf16Bytes;

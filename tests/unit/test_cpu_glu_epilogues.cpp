@@ -80,13 +80,8 @@ TEST(CpuGluForward, MatchesNaiveLoopAndMxfp8OutputIsQuantizedBf16) {
     HostTensor cbuf = poisoned(DType::bf16, {t, 2 * f}), out = poisoned(DType::bf16, {t, f});
 
     const Problem p = problem_of(c, e);
-    Fc1FpropArgs args{.x = bf16_operand(x),
-                      .w1 = w1.dense(),
-                      .offsets = {offsets.view},
-                      .b1 = b1.view,
-                      .probs = probs.view,
-                      .c = cbuf.view,
-                      .a = {.bf16 = out.view}};
+    Fc1FpropArgs args{.x = bf16_operand(x), .w1 = w1.dense(), .offsets = {offsets.view}, .b1 = b1.view,
+                      .probs = probs.view, .c = cbuf.view, .a = {.bf16 = out.view}};
     cpu::gemm_m(detail::fc1_fprop(p, args).gemm_m());
 
     std::vector<double> cref = naive_gemm_m(values(x.view), w1, c.sizes, c.k, 2 * f, false);
@@ -132,15 +127,9 @@ TEST(CpuGluBackward, MatchesNaiveLoopWithDprobDb1AndMxfp8Output) {
     HostTensor db1_acc = db1_prior, db1_new = poisoned(DType::f32, {e, 2 * f});
 
     const Problem p = problem_of(c, e);
-    Fc2DgradArgs args{.dy = bf16_operand(dy),
-                      .w2 = w2.dense(),
-                      .offsets = {offsets.view},
-                      .probs = probs.view,
-                      .c = cin.view,
-                      .dprobs = dprobs.view,
-                      .dprob_add = dprob_add.view,
-                      .db1 = GradOut{db1_acc.view, /*accumulate=*/true},
-                      .dc = {.bf16 = dc.view}};
+    Fc2DgradArgs args{.dy = bf16_operand(dy), .w2 = w2.dense(), .offsets = {offsets.view}, .probs = probs.view,
+                      .c = cin.view, .dprobs = dprobs.view, .dprob_add = dprob_add.view,
+                      .db1 = GradOut{db1_acc.view, /*accumulate=*/true}, .dc = {.bf16 = dc.view}};
     cpu::gemm_m(detail::fc2_dgrad(p, args).gemm_m());
 
     const std::vector<double> g = naive_gemm_m(values(dy.view), w2, c.sizes, c.k, f, true);
@@ -195,13 +184,8 @@ TEST(CpuGluBackward, Bf16Db1AndAllEmptyGroups) {
   const Weights w2(3, c.k, f, false, BlockAxis::col, ScaleLayout::compact, -1.f, 1.f);
   HostTensor dc(DType::bf16, {0, 2 * f}), dprobs(DType::f32, {0});
   HostTensor db1 = poisoned(DType::bf16, {3, 2 * f});
-  const Fc2DgradArgs args{.dy = bf16_operand(dy),
-                          .w2 = w2.dense(),
-                          .offsets = {offsets.view},
-                          .probs = probs.view,
-                          .c = cin.view,
-                          .dprobs = dprobs.view,
-                          .db1 = GradOut{db1.view, false},
+  const Fc2DgradArgs args{.dy = bf16_operand(dy), .w2 = w2.dense(), .offsets = {offsets.view}, .probs = probs.view,
+                          .c = cin.view, .dprobs = dprobs.view, .db1 = GradOut{db1.view, false},
                           .dc = {.bf16 = dc.view}};
   cpu::gemm_m(detail::fc2_dgrad(problem_of(c, 3), args).gemm_m());
   for (int64_t i = 0; i < db1.numel(); ++i) EXPECT_EQ(db1.ptr<uint16_t>()[i], 0) << i;

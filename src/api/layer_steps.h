@@ -5,8 +5,8 @@
 //
 // Operand formats (docs/numerics.md "Which copy each GEMM reads"): the bf16 recipe passes bf16
 // tensors everywhere; the mxfp8 recipe passes MXFP8 copies blocked along each GEMM's reduction
-// axis: row-wise X, A, dY, dC and weights for fprop/dgrad A operands, column-wise weights for dgrad,
-// column-wise activations for wgrad.
+// axis: row-wise X, A, dY and dC as the A operand of fprop and dgrad, row-wise weights for fprop,
+// column-wise weights for dgrad, column-wise activations and gradients for wgrad.
 #pragma once
 #include <string>
 #include <variant>
@@ -50,7 +50,6 @@ class PlannedSteps {
  public:
   PlannedSteps(Context& ctx, std::vector<LayerStep> steps);
   void run();  // every step, in order
-  const std::vector<LayerStep>& steps() const { return steps_; }
 
  private:
   Context& ctx_;

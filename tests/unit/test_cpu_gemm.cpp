@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cpu_gemm_testing.h"
+#include "src/api/layer_steps.h"
 #include "src/cpu/cpu_ops.h"
 
 namespace mxmoe {
@@ -288,17 +289,16 @@ TEST(CpuFc2BiasGrads, MatchNaiveSumsWithAndWithoutProbScaling) {
         dprob_ref[r] += v * value_at(b2.view, group[r] * h + j);
       }
 
-    detail::Fc2BiasGradStep s;
-    s.dy = dy.view;
-    s.offsets.offsets = offsets.view;
-    s.probs = probs.view;
-    s.b2 = b2.view;
-    s.scale_by_probs = scale;
+    Problem p;
+    p.hidden = h;
+    p.experts = e;
+    p.fc2_bias = true;
+    p.scale_fc2_bias = scale;
     HostTensor db2 = poisoned(DType::f32, {e, h}), dprob_add = poisoned(DType::f32, {t});
-    s.db2 = GradOut{db2.view, false};
-    s.dprob_add = dprob_add.view;
-    detail::Fc2BiasGradStep plain = s;
-    cpu::fc2_bias_grads(s);
+    detail::Fc2BiasGradStep s{.dy = dy.view, .offsets = {offsets.view}, .probs = probs.view, .b2 = b2.view,
+                              .db2 = GradOut{db2.view, false}, .dprob_add = dprob_add.view};
+    auto run_step = [&] { cpu::fc2_bias_grads(detail::fc2_bias_grads(p, s).fc2_bias_grads()); };
+    run_step();
     EXPECT_LT(rel(db2.view, db2_ref, {e, h}), 1e-6);
     for (int64_t j = 0; j < h; ++j) EXPECT_EQ(db2.ptr<float>()[j], 0.0f);  // expert 0 is empty
     if (scale) {
@@ -311,15 +311,15 @@ TEST(CpuFc2BiasGrads, MatchNaiveSumsWithAndWithoutProbScaling) {
     const HostTensor prior = random_f32({e, h});
     HostTensor acc = prior;
     s.db2 = GradOut{acc.view, true};
-    cpu::fc2_bias_grads(s);
+    run_step();
     std::vector<double> acc_ref = db2_ref;
     for (int64_t i = 0; i < e * h; ++i) acc_ref[i] += prior.ptr<float>()[i];
     EXPECT_LT(rel(acc.view, acc_ref, {e, h}), 1e-6);
     EXPECT_EQ(std::memcmp(acc.ptr<float>(), prior.ptr<float>(), static_cast<size_t>(h) * 4), 0);
 
     HostTensor bf = poisoned(DType::bf16, {e, h});
-    plain.db2 = GradOut{bf.view, false};
-    cpu::fc2_bias_grads(plain);
+    s.db2 = GradOut{bf.view, false};
+    run_step();
     EXPECT_LT(rel(bf.view, db2_ref, {e, h}), 5e-3);
   }
 }

@@ -1,4 +1,4 @@
-// Shared pieces of the portable grouped-GEMM GPU tests (test_gemm_gpu.cpp, test_glu_epilogue_gpu.cpp):
+// Shared pieces of the grouped-GEMM GPU tests (test_gemm_gpu.cpp, test_glu_epilogue_gpu.cpp):
 // tensors that live both on the host (for the CPU reference) and on the device (for the kernels),
 // MXFP8 operands made by the CPU quantizer, expert weights in dense and per-expert-pointer layouts,
 // and comparisons (relative Frobenius error, dequantized MXFP8 outputs, scale agreement).
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "src/cpu/cpu_ops.h"
-#include "src/cuda/cuda_ops.h"
+#include "src/dispatch/backend.h"
 #include "tests/gpu_support.h"
 
 namespace mxmoe::test::gg {

@@ -1,8 +1,9 @@
-// GPU tests of the portable grouped GEMMs (src/cuda/portable/): the m-grouped GEMM's store
-// epilogue, the k-grouped GEMM and the FC2 bias gradients against the CPU reference
-// (src/cpu/gemm.cpp) on fresh random inputs with NaN-poisoned outputs; dense vs per-expert weights
-// and repeated runs must be bit-identical. GLU epilogues: test_glu_epilogue_gpu.cpp.
-// Run: mxmoe_gpu_tests --gtest_filter='PortableGemm*'
+// GPU tests of every device backend's grouped GEMM steps (run once per backend, test names ending
+// in /<backend>): the m-grouped GEMM's store epilogue, the k-grouped GEMM and the FC2 bias
+// gradients against the CPU reference (src/cpu/gemm.cpp) on fresh random inputs with NaN-poisoned
+// outputs; dense vs per-expert weights and repeated runs must be bit-identical. GLU epilogues:
+// test_glu_epilogue_gpu.cpp.
+// Run: mxmoe_gpu_tests --gtest_filter='*GpuGemm*:*GpuFc2BiasGrads*'
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -24,6 +25,8 @@ using detail::MGemmStep;
 
 const std::vector<int> kSizes = {0, 1, 31, 33, 129, 0};
 
+Recipe recipe_of(bool mx) { return mx ? Recipe::mxfp8 : Recipe::bf16; }
+
 enum class BiasMode { none, bias, bias_times_probs };
 
 struct StoreCase {
@@ -41,7 +44,7 @@ struct StoreResult {
   bool repeat_same = false;   // a second run gives the same bytes
 };
 
-StoreResult run_store(const StoreCase& c) {
+StoreResult run_store(detail::Backend& backend, const StoreCase& c) {
   const int64_t t = total_of(c.sizes), experts = static_cast<int64_t>(c.sizes.size());
   const HostTensor offsets_h = offsets_from_sizes(c.sizes);
   const Dual offsets(offsets_h);
@@ -71,70 +74,75 @@ StoreResult run_store(const StoreCase& c) {
   s.gemm.b = w.dev(false);
   if (c.bias != BiasMode::none) s.gemm.bias = bias.dv();
   s.probs = probs.dv();
+  Context ctx;
   s.gemm.d = d.dv();
-  cuda::portable::gemm_m(s, nullptr);
+  backend.gemm_m(ctx, s);
   s.gemm.d = d3.dv();
-  cuda::portable::gemm_m(s, nullptr);
+  backend.gemm_m(ctx, s);
   s.gemm.b = w.dev(true);
   s.gemm.d = d2.dv();
-  cuda::portable::gemm_m(s, nullptr);
+  backend.gemm_m(ctx, s);
   sync();
 
   const HostTensor got = d.download(), got2 = d2.download(), got3 = d3.download();
   return {rel_error(got.view, d.hv()), bytes_equal(got.view, got2.view), bytes_equal(got.view, got3.view)};
 }
 
-void expect_store_ok(const StoreCase& c, double tol) {
-  const StoreResult r = run_store(c);
+void expect_store_ok(detail::Backend& backend, const StoreCase& c, double tol) {
+  MXMOE_SKIP_UNLESS_SERVED(backend, (detail::StepQuery{detail::Step::gemm_m, kGpu0, recipe_of(c.mx), c.n, c.k}));
+  const StoreResult r = run_store(backend, c);
   EXPECT_LE(r.error, tol) << "mx=" << c.mx << " b_kn=" << c.b_kn << " k=" << c.k << " n=" << c.n;
   EXPECT_TRUE(r.pointer_same) << "per-expert pointer weights differ from dense weights";
   EXPECT_TRUE(r.repeat_same) << "two runs differ";
 }
 #endif
 
-TEST(PortableGemmM, StoreMatchesCpuForBf16OperandsEveryOrientationAndBias) {
-  MXMOE_REQUIRE_GPU();
+class GpuGemmM : public test::GpuBackendTest {};
+class GpuGemmK : public test::GpuBackendTest {};
+class GpuFc2BiasGrads : public test::GpuBackendTest {};
+MXMOE_GPU_BACKEND_SUITE(GpuGemmM);
+MXMOE_GPU_BACKEND_SUITE(GpuGemmK);
+MXMOE_GPU_BACKEND_SUITE(GpuFc2BiasGrads);
+
+TEST_P(GpuGemmM, StoreMatchesCpuForBf16OperandsEveryOrientationAndBias) {
 #if defined(MXMOE_WITH_CUDA)
   for (bool b_kn : {false, true})
     for (BiasMode bias : {BiasMode::none, BiasMode::bias, BiasMode::bias_times_probs})
       for (DType out : {DType::f32, DType::bf16})
-        expect_store_ok(StoreCase{.b_kn = b_kn, .bias = bias, .out = out}, out == DType::f32 ? 1e-5 : 1e-2);
+        expect_store_ok(backend(), StoreCase{.b_kn = b_kn, .bias = bias, .out = out}, out == DType::f32 ? 1e-5 : 1e-2);
 #endif
 }
 
-TEST(PortableGemmM, StoreMatchesCpuForMxfp8OperandsBothScaleLayouts) {
-  MXMOE_REQUIRE_GPU();
+TEST_P(GpuGemmM, StoreMatchesCpuForMxfp8OperandsBothScaleLayouts) {
 #if defined(MXMOE_WITH_CUDA)
   for (ScaleLayout layout : {ScaleLayout::compact, ScaleLayout::swizzled})
     for (bool b_kn : {false, true})
-      expect_store_ok(StoreCase{.k = 96, .n = 64, .mx = true, .b_kn = b_kn, .layout = layout, .bias = BiasMode::bias},
+      expect_store_ok(backend(), StoreCase{.k = 96, .n = 64, .mx = true, .b_kn = b_kn, .layout = layout, .bias = BiasMode::bias},
                       1e-5);
 #endif
 }
 
-TEST(PortableGemmM, StoreHandlesOddModelDimsAndTails) {
-  MXMOE_REQUIRE_GPU();
+TEST_P(GpuGemmM, StoreHandlesOddModelDimsAndTails) {
 #if defined(MXMOE_WITH_CUDA)
   // H = 2880 and F = 1408 are not multiples of the 128-wide tiles; K = 2880 is not a multiple of 64.
   for (bool mx : {false, true})
     for (bool b_kn : {false, true})
-      expect_store_ok(StoreCase{.sizes = {37, 0, 130}, .k = 2880, .n = 1408, .mx = mx, .b_kn = b_kn,
+      expect_store_ok(backend(), StoreCase{.sizes = {37, 0, 130}, .k = 2880, .n = 1408, .mx = mx, .b_kn = b_kn,
                                 .layout = ScaleLayout::swizzled},
                       1e-5);
-  expect_store_ok(StoreCase{.sizes = {5, 70}, .k = 1408, .n = 2880 + 8}, 1e-5);  // BF16: N % 8 only
+  expect_store_ok(backend(), StoreCase{.sizes = {5, 70}, .k = 1408, .n = 2880 + 8}, 1e-5);  // BF16: N % 8 only
 #endif
 }
 
-TEST(PortableGemmM, StoreHandlesAllEmptySingleExpertAndSkewedSplits) {
-  MXMOE_REQUIRE_GPU();
+TEST_P(GpuGemmM, StoreHandlesAllEmptySingleExpertAndSkewedSplits) {
 #if defined(MXMOE_WITH_CUDA)
   for (bool mx : {false, true}) {
-    expect_store_ok(StoreCase{.sizes = {0, 0, 0}, .k = 64, .n = 32, .mx = mx}, 1e-5);
-    expect_store_ok(StoreCase{.sizes = {300}, .k = 64, .n = 136, .mx = mx}, 1e-5);
-    expect_store_ok(StoreCase{.sizes = {0, 0, 513, 0, 2, 0, 0, 1}, .k = 160, .n = 96, .mx = mx, .b_kn = true}, 1e-5);
+    expect_store_ok(backend(), StoreCase{.sizes = {0, 0, 0}, .k = 64, .n = 32, .mx = mx}, 1e-5);
+    expect_store_ok(backend(), StoreCase{.sizes = {300}, .k = 64, .n = 136, .mx = mx}, 1e-5);
+    expect_store_ok(backend(), StoreCase{.sizes = {0, 0, 513, 0, 2, 0, 0, 1}, .k = 160, .n = 96, .mx = mx, .b_kn = true}, 1e-5);
     std::vector<int> many(40, 0);
     many[3] = 7, many[17] = 250, many[39] = 33;
-    expect_store_ok(StoreCase{.sizes = many, .k = 64, .n = 64, .mx = mx}, 1e-5);
+    expect_store_ok(backend(), StoreCase{.sizes = many, .k = 64, .n = 64, .mx = mx}, 1e-5);
   }
 #endif
 }
@@ -149,7 +157,8 @@ struct KCase {
   bool accumulate = false;
 };
 
-void expect_gemm_k_ok(const KCase& c) {
+void expect_gemm_k_ok(detail::Backend& backend, const KCase& c) {
+  MXMOE_SKIP_UNLESS_SERVED(backend, (detail::StepQuery{detail::Step::gemm_k, kGpu0, recipe_of(c.mx), c.n, c.m}));
   const int64_t t = total_of(c.sizes), experts = static_cast<int64_t>(c.sizes.size());
   const HostTensor offsets_h = offsets_from_sizes(c.sizes);
   const Dual offsets(offsets_h);
@@ -171,10 +180,11 @@ void expect_gemm_k_ok(const KCase& c) {
   k.a = a.dev();
   k.b = b.dev();
   k.offsets.offsets = offsets.dv();
+  Context ctx;
   k.d.dense = d.dv();
-  cuda::portable::gemm_k(k, nullptr);
+  backend.gemm_k(ctx, k);
   k.d.dense = d3.dv();
-  cuda::portable::gemm_k(k, nullptr);
+  backend.gemm_k(ctx, k);
   // Per-expert output pointers into d2.
   HostTensor ptrs(DType::i64, {experts});
   const int64_t elem = c.out == DType::f32 ? 4 : 2;
@@ -183,7 +193,7 @@ void expect_gemm_k_ok(const KCase& c) {
   const Dual table(ptrs);
   k.d.dense = TensorView{};
   k.d.pointers = table.dv();
-  cuda::portable::gemm_k(k, nullptr);
+  backend.gemm_k(ctx, k);
   sync();
 
   const HostTensor got = d.download(), got2 = d2.download(), got3 = d3.download();
@@ -202,39 +212,38 @@ void expect_gemm_k_ok(const KCase& c) {
 }
 #endif
 
-TEST(PortableGemmK, MatchesCpuBothRecipesLayoutsAndBeta) {
-  MXMOE_REQUIRE_GPU();
+TEST_P(GpuGemmK, MatchesCpuBothRecipesLayoutsAndBeta) {
 #if defined(MXMOE_WITH_CUDA)
   for (bool mx : {false, true})
     for (ScaleLayout layout : {ScaleLayout::compact, ScaleLayout::swizzled})
       for (bool acc : {false, true})
-        expect_gemm_k_ok(KCase{.m = 96, .n = 160, .mx = mx, .layout = layout, .accumulate = acc});
-  for (bool mx : {false, true}) expect_gemm_k_ok(KCase{.m = 64, .n = 96, .mx = mx, .out = DType::bf16});
+        expect_gemm_k_ok(backend(), KCase{.m = 96, .n = 160, .mx = mx, .layout = layout, .accumulate = acc});
+  for (bool mx : {false, true}) expect_gemm_k_ok(backend(), KCase{.m = 64, .n = 96, .mx = mx, .out = DType::bf16});
 #endif
 }
 
-TEST(PortableGemmK, HandlesOddModelDimsEmptyAndSkewedGroups) {
-  MXMOE_REQUIRE_GPU();
+TEST_P(GpuGemmK, HandlesOddModelDimsEmptyAndSkewedGroups) {
 #if defined(MXMOE_WITH_CUDA)
   for (bool mx : {false, true}) {
-    expect_gemm_k_ok(KCase{.sizes = {45, 0, 100}, .m = 1408, .n = 2880, .mx = mx, .layout = ScaleLayout::swizzled});
-    expect_gemm_k_ok(KCase{.sizes = {0, 0}, .m = 64, .n = 32, .mx = mx});
-    expect_gemm_k_ok(KCase{.sizes = {0, 0}, .m = 64, .n = 32, .mx = mx, .accumulate = true});
-    expect_gemm_k_ok(KCase{.sizes = {0, 777, 0, 1}, .m = 32, .n = 160, .mx = mx, .accumulate = true});
+    expect_gemm_k_ok(backend(), KCase{.sizes = {45, 0, 100}, .m = 1408, .n = 2880, .mx = mx, .layout = ScaleLayout::swizzled});
+    expect_gemm_k_ok(backend(), KCase{.sizes = {0, 0}, .m = 64, .n = 32, .mx = mx});
+    expect_gemm_k_ok(backend(), KCase{.sizes = {0, 0}, .m = 64, .n = 32, .mx = mx, .accumulate = true});
+    expect_gemm_k_ok(backend(), KCase{.sizes = {0, 777, 0, 1}, .m = 32, .n = 160, .mx = mx, .accumulate = true});
   }
-  expect_gemm_k_ok(KCase{.sizes = {9, 70}, .m = 136, .n = 8});  // BF16: multiples of 8 only
+  expect_gemm_k_ok(backend(), KCase{.sizes = {9, 70}, .m = 136, .n = 8});  // BF16: multiples of 8 only
 #endif
 }
 
-TEST(PortableFc2BiasGrads, MatchCpuWithAndWithoutProbScaling) {
-  MXMOE_REQUIRE_GPU();
+TEST_P(GpuFc2BiasGrads, MatchCpuWithAndWithoutProbScaling) {
 #if defined(MXMOE_WITH_CUDA)
+  constexpr int64_t h = 2880;
+  MXMOE_SKIP_UNLESS_SERVED(backend(), (detail::StepQuery{detail::Step::fc2_bias_grads, kGpu0, Recipe::bf16, h, 0}));
   for (bool scale : {false, true})
     for (DType out : {DType::f32, DType::bf16})
       for (bool acc : {false, true}) {
         if (out == DType::bf16 && acc) continue;
         const std::vector<int> sizes = {0, 1, 31, 300, 0, 129};
-        const int64_t t = total_of(sizes), experts = static_cast<int64_t>(sizes.size()), h = 2880;
+        const int64_t t = total_of(sizes), experts = static_cast<int64_t>(sizes.size());
         const HostTensor offsets_h = offsets_from_sizes(sizes);
         const Dual offsets(offsets_h), dy = random_bf16_dual({t, h}), probs = random_f32_dual({t}, 0.f, 1.f);
         const Dual b2 = random_bf16_dual({experts, h});
@@ -251,9 +260,10 @@ TEST(PortableFc2BiasGrads, MatchCpuWithAndWithoutProbScaling) {
         cpu::fc2_bias_grads(s);
         s.dy = dy.dv(), s.offsets.offsets = offsets.dv(), s.probs = probs.dv(), s.b2 = b2.dv();
         s.db2.dst = db2.dv(), s.dprob_add = dprob.dv();
-        cuda::portable::fc2_bias_grads(s, nullptr);
+        Context ctx;
+        backend().fc2_bias_grads(ctx, s);
         s.db2.dst = db2_again.dv(), s.dprob_add = dprob_again.dv();
-        if (!acc) cuda::portable::fc2_bias_grads(s, nullptr);
+        if (!acc) backend().fc2_bias_grads(ctx, s);
         sync();
         const HostTensor got = db2.download();
         EXPECT_LE(rel_error(got.view, db2.hv()), out == DType::f32 ? 1e-5 : 1e-2) << "scale=" << scale;

@@ -1,9 +1,11 @@
-// GPU tests of the portable m-grouped GEMM's fused GLU epilogues (src/cuda/portable/epilogue_glu.cuh)
-// against the CPU reference (src/cpu/gemm.cpp): FC1 forward (C, A = p * act, BF16 or MXFP8 row +
-// column quantized in the epilogue) and FC2 dgrad backward (dC, dprob, db1), both recipes, both
-// activations, both GLU layouts, odd dims, empty and skewed groups; dense vs per-expert weights and
-// repeated runs bit-identical.
-// Run: mxmoe_gpu_tests --gtest_filter='PortableGlu*'
+// GPU tests of every device backend's m-grouped GEMM with the fused GLU epilogues (run once per
+// backend, test names ending in /<backend>) against the CPU reference (src/cpu/gemm.cpp): the
+// fc1_fprop step (C, A = p * act, BF16 or MXFP8 row + column quantized in the epilogue) and the
+// fc2_dgrad step (dC, dprob, db1), built by the layer's step constructors (src/api/layer_steps.h)
+// and varied beyond the layer where the kernels allow it (B orientation, BF16 input with MXFP8
+// output); both recipes, both activations, both GLU layouts, odd dims, empty and skewed groups;
+// dense vs per-expert weights and repeated runs bit-identical.
+// Run: mxmoe_gpu_tests --gtest_filter='*GpuGlu*'
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -11,6 +13,7 @@
 #include "tests/gpu_support.h"
 
 #if defined(MXMOE_WITH_CUDA)
+#include "src/api/layer_steps.h"
 #include "tests/gpu/grouped_gemm_gpu_fixture.h"
 #endif
 
@@ -20,7 +23,6 @@ namespace {
 #if defined(MXMOE_WITH_CUDA)
 using namespace test;
 using namespace test::gg;
-using detail::Epilogue;
 using detail::MGemmStep;
 
 struct GluCase {
@@ -35,10 +37,17 @@ struct GluCase {
   bool bias = true;
 };
 
-GluParams glu_params(Activation a) {
-  GluParams g;
-  g.activation = a;
-  return g;
+// The layer problem whose step the case is (GEMM K = H).
+Problem problem_of(const GluCase& c, int64_t experts) {
+  Problem p;
+  p.hidden = c.h;
+  p.ffn = c.f;
+  p.experts = experts;
+  p.recipe = c.mx ? Recipe::mxfp8 : Recipe::bf16;
+  p.activation = c.act;
+  p.glu_layout = c.layout;
+  p.fc1_bias = c.bias;
+  return p;
 }
 
 struct MxOutDual {
@@ -55,6 +64,18 @@ struct MxOutDual {
     return {dev ? col_data.dv() : col_data.hv(), dev ? col_scales.dv() : col_scales.hv(), BlockAxis::col, l};
   }
 };
+
+// A glu step's activation output: bf16, or MXFP8 row-wise and column-wise.
+detail::GluOutput glu_output(bool mx, bool dev, ScaleLayout l, const Dual& bf16, const MxOutDual& m) {
+  detail::GluOutput o;
+  if (mx) {
+    o.row = m.row(dev, l);
+    o.col = m.col(dev, l);
+  } else {
+    o.bf16 = dev ? bf16.dv() : bf16.hv();
+  }
+  return o;
+}
 
 // Compares an MXFP8 output pair (GPU download vs CPU host tensors) through dequantization.
 void expect_mx_close(const MxOutDual& o, ScaleLayout l, const HostTensor& offsets, const char* what) {
@@ -84,7 +105,7 @@ struct Inputs {
         offsets(offsets_h) {}
 };
 
-void expect_glu_forward_ok(const GluCase& c) {
+void expect_glu_forward_ok(detail::Backend& backend, const GluCase& c) {
   const Inputs in(c.sizes);
   const int64_t t = in.t, e = in.experts, f = c.f;
   const Act x(random_bf16({t, c.h}), c.mx, BlockAxis::row, c.scale_layout, in.offsets_h);
@@ -95,32 +116,24 @@ void expect_glu_forward_ok(const GluCase& c) {
   Dual a_bf16 = poisoned(DType::bf16, {t, f}), a_bf16_2 = poisoned(DType::bf16, {t, f});
   MxOutDual amx(t, f, e), amx2(t, f, e);
 
-  MGemmStep s;
-  s.epilogue = Epilogue::glu_forward;
-  s.glu = glu_params(c.act);
-  s.glu_layout = c.layout;
-  s.ffn = f;
-  s.gemm.b_kn = c.b_kn;
-  auto fill = [&](bool dev, bool per_expert, Dual& cm, Dual& ab, MxOutDual& am) {
-    s.gemm.a = dev ? x.dev() : x.host();
-    s.gemm.offsets.offsets = dev ? in.offsets.dv() : in.offsets.hv();
-    s.gemm.b = dev ? w.dev(per_expert) : w.host();
-    s.gemm.bias = c.bias ? (dev ? b1.dv() : b1.hv()) : TensorView{};
-    s.probs = dev ? probs.dv() : probs.hv();
-    s.c = dev ? cm.dv() : cm.hv();
-    if (c.mx_out) {
-      s.out_row = am.row(dev, c.scale_layout);
-      s.out_col = am.col(dev, c.scale_layout);
-    } else {
-      s.out_bf16 = dev ? ab.dv() : ab.hv();
-    }
+  const Problem problem = problem_of(c, e);
+  auto step = [&](bool dev, bool per_expert, Dual& cm, Dual& ab, MxOutDual& am) {
+    detail::LayerStep st = detail::fc1_fprop(problem, {.x = dev ? x.dev() : x.host(),
+                                                       .w1 = dev ? w.dev(per_expert) : w.host(),
+                                                       .offsets = {dev ? in.offsets.dv() : in.offsets.hv()},
+                                                       .b1 = dev ? b1.dv() : b1.hv(),
+                                                       .probs = dev ? probs.dv() : probs.hv(),
+                                                       .c = dev ? cm.dv() : cm.hv(),
+                                                       .a = glu_output(c.mx_out, dev, c.scale_layout, ab, am)});
+    std::get<MGemmStep>(st.args).gemm.b_kn = c.b_kn;  // the layer's W1 is [N, K]; [K, N] works too
+    return st;
   };
-  fill(false, false, cmat, a_bf16, amx);
-  cpu::gemm_m(s);
-  fill(true, false, cmat, a_bf16, amx);
-  cuda::portable::gemm_m(s, nullptr);
-  fill(true, true, cmat2, a_bf16_2, amx2);
-  cuda::portable::gemm_m(s, nullptr);
+  cpu::gemm_m(step(false, false, cmat, a_bf16, amx).gemm_m());
+  Context ctx;
+  const detail::LayerStep dense = step(true, false, cmat, a_bf16, amx);
+  MXMOE_SKIP_UNLESS_SERVED(backend, dense.query);
+  detail::run(ctx, backend, dense);
+  detail::run(ctx, backend, step(true, true, cmat2, a_bf16_2, amx2));
   sync();
 
   const HostTensor gc = cmat.download();
@@ -145,7 +158,7 @@ struct BwdOptions {
   bool dprob_add = true;
 };
 
-void expect_glu_backward_ok(const GluCase& c, const BwdOptions& o = {}) {
+void expect_glu_backward_ok(detail::Backend& backend, const GluCase& c, const BwdOptions& o = {}) {
   const Inputs in(c.sizes);
   const int64_t t = in.t, e = in.experts, f = c.f;
   // GEMM: dA[t, f] = dY[t, :] . W2_e[:, f]; W2_e is [H, F] (b_kn, the real dgrad) or [F, H].
@@ -161,35 +174,28 @@ void expect_glu_backward_ok(const GluCase& c, const BwdOptions& o = {}) {
   Dual dp = poisoned(DType::f32, {t}), dp2 = poisoned(DType::f32, {t});
   MxOutDual dmx(t, 2 * f, e), dmx2(t, 2 * f, e);
 
-  MGemmStep s;
-  s.epilogue = Epilogue::glu_backward;
-  s.glu = glu_params(c.act);
-  s.glu_layout = c.layout;
-  s.ffn = f;
-  s.gemm.b_kn = c.b_kn;
-  s.db1.accumulate = o.accumulate;
-  auto fill = [&](bool dev, bool per_expert, Dual& d1, Dual& dcb, Dual& dpr, MxOutDual& dm) {
-    s.gemm.a = dev ? dy.dev() : dy.host();
-    s.gemm.offsets.offsets = dev ? in.offsets.dv() : in.offsets.hv();
-    s.gemm.b = dev ? w.dev(per_expert) : w.host();
-    s.probs = dev ? probs.dv() : probs.hv();
-    s.c = dev ? cmat.dv() : cmat.hv();
-    s.dprobs = dev ? dpr.dv() : dpr.hv();
-    s.dprob_add = o.dprob_add ? (dev ? add.dv() : add.hv()) : TensorView{};
-    s.db1.dst = dev ? d1.dv() : d1.hv();
-    if (c.mx_out) {
-      s.out_row = dm.row(dev, c.scale_layout);
-      s.out_col = dm.col(dev, c.scale_layout);
-    } else {
-      s.out_bf16 = dev ? dcb.dv() : dcb.hv();
-    }
+  Problem problem = problem_of(c, e);
+  problem.fc1_bias = true;  // db1 is always checked
+  auto step = [&](bool dev, bool per_expert, Dual& d1, Dual& dcb, Dual& dpr, MxOutDual& dm) {
+    detail::LayerStep st = detail::fc2_dgrad(
+        problem, {.dy = dev ? dy.dev() : dy.host(),
+                  .w2 = dev ? w.dev(per_expert) : w.host(),
+                  .offsets = {dev ? in.offsets.dv() : in.offsets.hv()},
+                  .probs = dev ? probs.dv() : probs.hv(),
+                  .c = dev ? cmat.dv() : cmat.hv(),
+                  .dprobs = dev ? dpr.dv() : dpr.hv(),
+                  .dprob_add = o.dprob_add ? (dev ? add.dv() : add.hv()) : TensorView{},
+                  .db1 = {dev ? d1.dv() : d1.hv(), o.accumulate},
+                  .dc = glu_output(c.mx_out, dev, c.scale_layout, dcb, dm)});
+    std::get<MGemmStep>(st.args).gemm.b_kn = c.b_kn;  // the layer's W2 is [K, N]; [N, K] works too
+    return st;
   };
-  fill(false, false, db1, dc, dp, dmx);
-  cpu::gemm_m(s);
-  fill(true, false, db1, dc, dp, dmx);
-  cuda::portable::gemm_m(s, nullptr);
-  fill(true, true, db1_2, dc2, dp2, dmx2);
-  cuda::portable::gemm_m(s, nullptr);
+  cpu::gemm_m(step(false, false, db1, dc, dp, dmx).gemm_m());
+  Context ctx;
+  const detail::LayerStep dense = step(true, false, db1, dc, dp, dmx);
+  MXMOE_SKIP_UNLESS_SERVED(backend, dense.query);
+  detail::run(ctx, backend, dense);
+  detail::run(ctx, backend, step(true, true, db1_2, dc2, dp2, dmx2));
   sync();
 
   const HostTensor gdb1 = db1.download(), gdp = dp.download();
@@ -209,37 +215,39 @@ void expect_glu_backward_ok(const GluCase& c, const BwdOptions& o = {}) {
 }
 #endif
 
-TEST(PortableGluForward, MatchesCpuBothRecipesActivationsAndLayouts) {
-  MXMOE_REQUIRE_GPU();
+class GpuGluForward : public test::GpuBackendTest {};
+class GpuGluBackward : public test::GpuBackendTest {};
+MXMOE_GPU_BACKEND_SUITE(GpuGluForward);
+MXMOE_GPU_BACKEND_SUITE(GpuGluBackward);
+
+TEST_P(GpuGluForward, MatchesCpuBothRecipesActivationsAndLayouts) {
 #if defined(MXMOE_WITH_CUDA)
   for (bool mx : {false, true})
     for (Activation act : {Activation::swiglu, Activation::clamped_swiglu})
       for (GluLayout layout : {GluLayout::halves, GluLayout::interleave32}) {
         SCOPED_TRACE(testing::Message() << "mx=" << mx << " act=" << static_cast<int>(act)
                                         << " layout=" << static_cast<int>(layout));
-        expect_glu_forward_ok(GluCase{.h = 512, .f = 96, .mx = mx, .mx_out = mx, .act = act, .layout = layout});
+        expect_glu_forward_ok(backend(), GluCase{.h = 512, .f = 96, .mx = mx, .mx_out = mx, .act = act, .layout = layout});
       }
 #endif
 }
 
-TEST(PortableGluForward, QuantizesInEpilogueWithSwizzledScalesOddDimsAndSkew) {
-  MXMOE_REQUIRE_GPU();
+TEST_P(GpuGluForward, QuantizesInEpilogueWithSwizzledScalesOddDimsAndSkew) {
 #if defined(MXMOE_WITH_CUDA)
   for (GluLayout layout : {GluLayout::halves, GluLayout::interleave32}) {
-    expect_glu_forward_ok(GluCase{.sizes = {37, 0, 161}, .h = 2880, .f = 1408, .mx = true, .mx_out = true,
+    expect_glu_forward_ok(backend(), GluCase{.sizes = {37, 0, 161}, .h = 2880, .f = 1408, .mx = true, .mx_out = true,
                                   .act = Activation::clamped_swiglu, .layout = layout,
                                   .scale_layout = ScaleLayout::swizzled});
-    expect_glu_forward_ok(GluCase{.sizes = {0, 0, 300, 0, 1}, .h = 128, .f = 160, .mx = true, .mx_out = true,
+    expect_glu_forward_ok(backend(), GluCase{.sizes = {0, 0, 300, 0, 1}, .h = 128, .f = 160, .mx = true, .mx_out = true,
                                   .layout = layout, .scale_layout = ScaleLayout::swizzled});
   }
-  expect_glu_forward_ok(GluCase{.sizes = {0, 0}, .mx = true, .mx_out = true});
-  expect_glu_forward_ok(GluCase{.sizes = {200}, .h = 64, .f = 32, .mx = false, .mx_out = true, .b_kn = true});
-  expect_glu_forward_ok(GluCase{.sizes = {3, 90}, .h = 96, .f = 40, .bias = false});  // BF16: F % 8 only
+  expect_glu_forward_ok(backend(), GluCase{.sizes = {0, 0}, .mx = true, .mx_out = true});
+  expect_glu_forward_ok(backend(), GluCase{.sizes = {200}, .h = 64, .f = 32, .mx = false, .mx_out = true, .b_kn = true});
+  expect_glu_forward_ok(backend(), GluCase{.sizes = {3, 90}, .h = 96, .f = 40, .bias = false});  // BF16: F % 8 only
 #endif
 }
 
-TEST(PortableGluBackward, MatchesCpuBothRecipesActivationsAndLayouts) {
-  MXMOE_REQUIRE_GPU();
+TEST_P(GpuGluBackward, MatchesCpuBothRecipesActivationsAndLayouts) {
 #if defined(MXMOE_WITH_CUDA)
   for (bool mx : {false, true})
     for (Activation act : {Activation::swiglu, Activation::clamped_swiglu})
@@ -247,22 +255,21 @@ TEST(PortableGluBackward, MatchesCpuBothRecipesActivationsAndLayouts) {
         SCOPED_TRACE(testing::Message() << "mx=" << mx << " act=" << static_cast<int>(act)
                                         << " layout=" << static_cast<int>(layout));
         expect_glu_backward_ok(
-            GluCase{.h = 256, .f = 96, .mx = mx, .mx_out = mx, .b_kn = true, .act = act, .layout = layout});
+            backend(), GluCase{.h = 256, .f = 96, .mx = mx, .mx_out = mx, .b_kn = true, .act = act, .layout = layout});
       }
 #endif
 }
 
-TEST(PortableGluBackward, Db1GradOutRulesDprobAddAndOddDims) {
-  MXMOE_REQUIRE_GPU();
+TEST_P(GpuGluBackward, Db1GradOutRulesDprobAddAndOddDims) {
 #if defined(MXMOE_WITH_CUDA)
   const GluCase base{.h = 160, .f = 64, .mx = true, .mx_out = true, .b_kn = true};
-  expect_glu_backward_ok(base, BwdOptions{.db1 = DType::f32, .accumulate = true});
-  expect_glu_backward_ok(base, BwdOptions{.db1 = DType::bf16, .dprob_add = false});
-  expect_glu_backward_ok(GluCase{.sizes = {41, 0, 129}, .h = 1408, .f = 2880 / 2, .mx = true, .mx_out = true,
+  expect_glu_backward_ok(backend(), base, BwdOptions{.db1 = DType::f32, .accumulate = true});
+  expect_glu_backward_ok(backend(), base, BwdOptions{.db1 = DType::bf16, .dprob_add = false});
+  expect_glu_backward_ok(backend(), GluCase{.sizes = {41, 0, 129}, .h = 1408, .f = 2880 / 2, .mx = true, .mx_out = true,
                                  .b_kn = true, .act = Activation::clamped_swiglu,
                                  .layout = GluLayout::interleave32, .scale_layout = ScaleLayout::swizzled});
-  expect_glu_backward_ok(GluCase{.sizes = {0, 0, 0}, .mx = true, .mx_out = true, .b_kn = true});
-  expect_glu_backward_ok(GluCase{.sizes = {70, 3}, .h = 96, .f = 40, .b_kn = false});  // BF16, F % 8 only
+  expect_glu_backward_ok(backend(), GluCase{.sizes = {0, 0, 0}, .mx = true, .mx_out = true, .b_kn = true});
+  expect_glu_backward_ok(backend(), GluCase{.sizes = {70, 3}, .h = 96, .f = 40, .b_kn = false});  // BF16, F % 8 only
 #endif
 }
 

@@ -1,6 +1,8 @@
-// No host synchronisation in forward or backward: a whole training step is captured in a CUDA
+// No host synchronisation in forward or backward: a whole training step, every step forced onto one
+// device backend (run once per backend, test names ending in /<backend>), is captured in a CUDA
 // graph once, then new inputs AND new token splits are written into the same device buffers and
 // the graph is replayed; every output must equal an eager run on the same data, bit for bit.
+// Run: mxmoe_gpu_tests --gtest_filter='*GpuGraph*'
 #include <gtest/gtest.h>
 
 #include "tests/layer_support.h"
@@ -64,8 +66,10 @@ void expect_same(const std::vector<HostTensor>& a, const std::vector<HostTensor>
 }
 #endif
 
-TEST(GpuGraph, CapturedStepReplaysWithNewInputsAndSplitsBitIdentically) {
-  MXMOE_REQUIRE_GPU();
+class GpuGraph : public GpuBackendTest {};
+MXMOE_GPU_BACKEND_SUITE(GpuGraph);
+
+TEST_P(GpuGraph, CapturedStepReplaysWithNewInputsAndSplitsBitIdentically) {
 #if defined(MXMOE_WITH_CUDA)
   for (Recipe r : {Recipe::mxfp8, Recipe::bf16}) {
     SCOPED_TRACE(to_string(r));
@@ -84,7 +88,7 @@ TEST(GpuGraph, CapturedStepReplaysWithNewInputsAndSplitsBitIdentically) {
     DeviceStep step(a);
     cudaStream_t stream;
     cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    Context ctx(Options{.stream = stream});
+    Context ctx(Options{.backend = backend_name(), .stream = stream});
 
     step.upload(a);
     step.run(ctx);

@@ -1,8 +1,10 @@
-// The CUDA MXFP8 quantize / dequantize / quantize_experts kernels (src/cuda/quant/) against the CPU
+// Every device backend's MXFP8 quantize / dequantize / quantize_experts steps (run once per backend,
+// test names ending in /<backend>; cuda_portable's kernels are in src/cuda/quant/) against the CPU
 // reference (src/cpu/quant.cpp), bit-exact: scales, data and every padding byte. Inputs are fresh
 // random bf16 with NaN, Inf, all-zero blocks, subnormal-scale blocks and 448-boundary blocks; GPU
 // outputs are poisoned with 0xA5 and CPU outputs with 0x5A, so an unwritten byte on either side fails.
 // Group offsets live on the device; the graph test changes them between replays of one capture.
+// Run: mxmoe_gpu_tests --gtest_filter='*GpuQuant*'
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,8 +19,6 @@
 
 #if defined(MXMOE_WITH_CUDA)
 #include <cuda_runtime.h>
-
-#include "src/cuda/cuda_ops.h"
 #endif
 
 namespace mxmoe::test {
@@ -145,8 +145,9 @@ std::string describe(const QuantCase& c) {
 
 // Quantizes fresh input on both backends; `offsets_override` (host i32 [E+1]) replaces the offsets
 // derived from the sizes (used for invalid device offsets).
-void check_quantize(const QuantCase& c, const HostTensor* offsets_override = nullptr) {
+void check_quantize(detail::Backend& backend, const QuantCase& c, const HostTensor* offsets_override = nullptr) {
   SCOPED_TRACE(describe(c));
+  MXMOE_SKIP_UNLESS_SERVED(backend, (detail::StepQuery{detail::Step::quantize, kGpu0, Recipe::mxfp8, 0, c.k}));
   HostTensor offsets = offsets_override ? *offsets_override : offsets_from_sizes(c.sizes);
   const int64_t experts = c.grouped ? offsets.numel() - 1 : 1;
   int64_t m = c.rows;
@@ -172,7 +173,8 @@ void check_quantize(const QuantCase& c, const HostTensor* offsets_override = nul
     dev.colwise = col.device(BlockAxis::col, c.layout);
   }
   cpu::quantize(host);
-  cuda::quantize(dev, nullptr);
+  Context ctx;
+  backend.quantize(ctx, dev);
   cuda_ok(cudaDeviceSynchronize());
   if (c.row) {
     expect_same_bytes(row.d_data.download(), row.data, "rowwise data");
@@ -194,72 +196,69 @@ const std::vector<int> kEdgeSizes = {0, 1, 31, 32, 33, 127, 128, 129};
 
 #endif  // MXMOE_WITH_CUDA
 
-TEST(QuantGpu, QuantizeMatchesCpuForEdgeGroupSizesAllModes) {
-  MXMOE_REQUIRE_GPU();
+class GpuQuant : public GpuBackendTest {};
+MXMOE_GPU_BACKEND_SUITE(GpuQuant);
+
+TEST_P(GpuQuant, QuantizeMatchesCpuForEdgeGroupSizesAllModes) {
 #if defined(MXMOE_WITH_CUDA)
   for (int64_t k : {1408, 2880}) {
     for (ScaleLayout layout : kLayouts) {
       for (auto [row, col] : {std::pair{true, true}, std::pair{true, false}, std::pair{false, true}}) {
         QuantCase c{shuffled(kEdgeSizes), true, 0, k, row, col, layout};
-        check_quantize(c);
+        check_quantize(backend(), c);
       }
     }
   }
 #endif
 }
 
-TEST(QuantGpu, QuantizeMatchesCpuForSkewedSplitsOfManyTokens) {
-  MXMOE_REQUIRE_GPU();
+TEST_P(GpuQuant, QuantizeMatchesCpuForSkewedSplitsOfManyTokens) {
 #if defined(MXMOE_WITH_CUDA)
   for (ScaleLayout layout : kLayouts) {
-    check_quantize({skewed_sizes(32, 20000), true, 0, 2880, true, true, layout});
-    check_quantize({skewed_sizes(128, 9000), true, 0, 1408, true, true, layout});
+    check_quantize(backend(), {skewed_sizes(32, 20000), true, 0, 2880, true, true, layout});
+    check_quantize(backend(), {skewed_sizes(128, 9000), true, 0, 1408, true, true, layout});
   }
 #endif
 }
 
-TEST(QuantGpu, QuantizeMatchesCpuForSingleGroupAndUngroupedTensors) {
-  MXMOE_REQUIRE_GPU();
+TEST_P(GpuQuant, QuantizeMatchesCpuForSingleGroupAndUngroupedTensors) {
 #if defined(MXMOE_WITH_CUDA)
   for (ScaleLayout layout : kLayouts) {
-    check_quantize({{19999}, true, 0, 1408, true, true, layout});
-    check_quantize({{}, false, 4000 + 17, 2880, true, true, layout});
-    check_quantize({{}, false, 4000 + 17, 2880, false, true, layout});
+    check_quantize(backend(), {{19999}, true, 0, 1408, true, true, layout});
+    check_quantize(backend(), {{}, false, 4000 + 17, 2880, true, true, layout});
+    check_quantize(backend(), {{}, false, 4000 + 17, 2880, false, true, layout});
   }
 #endif
 }
 
-TEST(QuantGpu, QuantizeWritesZeroScalesForAllEmptyGroups) {
-  MXMOE_REQUIRE_GPU();
+TEST_P(GpuQuant, QuantizeWritesZeroScalesForAllEmptyGroups) {
 #if defined(MXMOE_WITH_CUDA)
   for (ScaleLayout layout : kLayouts) {
-    check_quantize({{0, 0, 0, 0}, true, 0, 1408, true, true, layout});
-    check_quantize({{0, 0, 0, 0}, true, 0, 2880, false, true, layout});
-    check_quantize({{}, false, 0, 1408, true, true, layout});
+    check_quantize(backend(), {{0, 0, 0, 0}, true, 0, 1408, true, true, layout});
+    check_quantize(backend(), {{0, 0, 0, 0}, true, 0, 2880, false, true, layout});
+    check_quantize(backend(), {{}, false, 0, 1408, true, true, layout});
   }
 #endif
 }
 
-TEST(QuantGpu, ColumnWiseQuantizeHandlesWidthsThatAreNotMultiplesOf128) {
-  MXMOE_REQUIRE_GPU();
+TEST_P(GpuQuant, ColumnWiseQuantizeHandlesWidthsThatAreNotMultiplesOf128) {
 #if defined(MXMOE_WITH_CUDA)
   for (ScaleLayout layout : kLayouts) {
-    check_quantize({shuffled(kEdgeSizes), true, 0, 96, true, true, layout});   // < one tile wide
-    check_quantize({shuffled(kEdgeSizes), true, 0, 72, false, true, layout});  // K % 32 != 0
-    check_quantize({shuffled(kEdgeSizes), true, 0, 100, false, true, layout}); // K % 8 != 0: scalar path
+    check_quantize(backend(), {shuffled(kEdgeSizes), true, 0, 96, true, true, layout});   // < one tile wide
+    check_quantize(backend(), {shuffled(kEdgeSizes), true, 0, 72, false, true, layout});  // K % 32 != 0
+    check_quantize(backend(), {shuffled(kEdgeSizes), true, 0, 100, false, true, layout}); // K % 8 != 0: scalar path
   }
 #endif
 }
 
-TEST(QuantGpu, InvalidDeviceOffsetsAreClampedLikeTheCpuReference) {
-  MXMOE_REQUIRE_GPU();
+TEST_P(GpuQuant, InvalidDeviceOffsetsAreClampedLikeTheCpuReference) {
 #if defined(MXMOE_WITH_CUDA)
   // Non-monotone and out-of-range middle offsets; first 0 and last M so every row has a group.
   const int m = 700;
   HostTensor offsets(DType::i32, {7});
   const int32_t raw[] = {0, 50, 20, 5000, -1, 333, m};
   std::copy(std::begin(raw), std::end(raw), offsets.ptr<int32_t>());
-  for (ScaleLayout layout : kLayouts) check_quantize({{}, true, m, 1408, true, true, layout}, &offsets);
+  for (ScaleLayout layout : kLayouts) check_quantize(backend(), {{}, true, m, 1408, true, true, layout}, &offsets);
 #endif
 }
 
@@ -295,9 +294,10 @@ void expect_same_values(const HostTensor& gpu, const HostTensor& cpu, const std:
   EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << gpu.numel() << " values differ";
 }
 
-void check_dequantize(BlockAxis axis, ScaleLayout layout, DType out, const std::vector<int>& sizes, int64_t k) {
+void check_dequantize(detail::Backend& backend, BlockAxis axis, ScaleLayout layout, DType out, const std::vector<int>& sizes, int64_t k) {
   SCOPED_TRACE(std::string(axis == BlockAxis::row ? "row" : "col") + " " + layout_name(layout) +
                (out == DType::f32 ? " f32" : " bf16") + " K=" + std::to_string(k));
+  MXMOE_SKIP_UNLESS_SERVED(backend, (detail::StepQuery{detail::Step::dequantize, kGpu0, Recipe::mxfp8, 0, k}));
   HostTensor offsets = offsets_from_sizes(sizes);
   const int64_t experts = static_cast<int64_t>(sizes.size());
   const int64_t m = offsets.ptr<int32_t>()[experts];
@@ -318,30 +318,29 @@ void check_dequantize(BlockAxis axis, ScaleLayout layout, DType out, const std::
     dev.groups.offsets = d_offsets.view;
   }
   cpu::dequantize(host);
-  cuda::dequantize(dev, nullptr);
+  Context ctx;
+  backend.dequantize(ctx, dev);
   cuda_ok(cudaDeviceSynchronize());
   expect_same_values(d_dst.download(), dst, "dequantized");
 }
 #endif
 
-TEST(QuantGpu, DequantizeMatchesCpuBothAxesLayoutsAndOutputTypes) {
-  MXMOE_REQUIRE_GPU();
+TEST_P(GpuQuant, DequantizeMatchesCpuBothAxesLayoutsAndOutputTypes) {
 #if defined(MXMOE_WITH_CUDA)
   for (ScaleLayout layout : kLayouts) {
     for (DType out : {DType::f32, DType::bf16}) {
-      check_dequantize(BlockAxis::row, layout, out, {3000}, 2880);
-      check_dequantize(BlockAxis::row, layout, out, shuffled(kEdgeSizes), 1408);
-      check_dequantize(BlockAxis::col, layout, out, shuffled(kEdgeSizes), 1408);
-      check_dequantize(BlockAxis::col, layout, out, skewed_sizes(32, 12000), 2880);
-      check_dequantize(BlockAxis::col, layout, out, shuffled(kEdgeSizes), 100);
-      check_dequantize(BlockAxis::col, layout, out, {0, 0, 0}, 1408);
+      check_dequantize(backend(), BlockAxis::row, layout, out, {3000}, 2880);
+      check_dequantize(backend(), BlockAxis::row, layout, out, shuffled(kEdgeSizes), 1408);
+      check_dequantize(backend(), BlockAxis::col, layout, out, shuffled(kEdgeSizes), 1408);
+      check_dequantize(backend(), BlockAxis::col, layout, out, skewed_sizes(32, 12000), 2880);
+      check_dequantize(backend(), BlockAxis::col, layout, out, shuffled(kEdgeSizes), 100);
+      check_dequantize(backend(), BlockAxis::col, layout, out, {0, 0, 0}, 1408);
     }
   }
 #endif
 }
 
-TEST(QuantGpu, DequantizeOfQuantizeRoundTripsThroughBothBackends) {
-  MXMOE_REQUIRE_GPU();
+TEST_P(GpuQuant, DequantizeOfQuantizeRoundTripsThroughBothBackends) {
 #if defined(MXMOE_WITH_CUDA)
   // Quantize on the GPU, dequantize on the GPU, compare with the CPU doing both.
   const std::vector<int> sizes = shuffled({0, 1, 31, 32, 33, 127, 128, 129, 1000, 0, 257});
@@ -353,22 +352,25 @@ TEST(QuantGpu, DequantizeOfQuantizeRoundTripsThroughBothBackends) {
   QuantizeArgs host{src.view, {offsets.view}, {}, col.host(BlockAxis::col, ScaleLayout::swizzled)};
   QuantizeArgs dev{d_src.view, {d_offsets.view}, {}, col.device(BlockAxis::col, ScaleLayout::swizzled)};
   cpu::quantize(host);
-  cuda::quantize(dev, nullptr);
+  Context ctx;
+  backend().quantize(ctx, dev);
   HostTensor dst(DType::f32, {m, k});
   DeviceTensor d_dst(dst.view);
   dst.poison(kCpuPoison);
   d_dst.poison(kGpuPoison);
   cpu::dequantize({host.colwise, {offsets.view}, dst.view});
-  cuda::dequantize({dev.colwise, {d_offsets.view}, d_dst.view}, nullptr);
+  backend().dequantize(ctx, {dev.colwise, {d_offsets.view}, d_dst.view});
   cuda_ok(cudaDeviceSynchronize());
   expect_same_values(d_dst.download(), dst, "round trip");
 #endif
 }
 
 #if defined(MXMOE_WITH_CUDA)
-void check_quantize_experts(int64_t experts, int64_t rows, int64_t cols, BlockAxis axis, ScaleLayout layout) {
+void check_quantize_experts(detail::Backend& backend, int64_t experts, int64_t rows, int64_t cols, BlockAxis axis, ScaleLayout layout) {
   SCOPED_TRACE(std::string(axis == BlockAxis::row ? "row" : "col") + " " + layout_name(layout) +
                " E=" + std::to_string(experts) + " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols));
+  MXMOE_SKIP_UNLESS_SERVED(backend,
+                           (detail::StepQuery{detail::Step::quantize_experts, kGpu0, Recipe::mxfp8, rows, cols}));
   const int64_t per = axis == BlockAxis::row ? rowwise_scale_bytes(rows, cols) : colwise_matrix_scale_bytes(rows, cols);
   HostTensor dense = make_input(experts * rows, cols);
   dense.view = TensorView::of(dense.bytes.data(), DType::bf16, {experts, rows, cols});
@@ -404,7 +406,8 @@ void check_quantize_experts(int64_t experts, int64_t rows, int64_t cols, BlockAx
       src.dense = d_dense.view;
     }
     detail::QuantizeExpertsStep dev{src, experts, rows, cols, d_data.view, d_scales.view, axis, layout};
-    cuda::quantize_experts(dev, nullptr);
+    Context ctx;
+    backend.quantize_experts(ctx, dev);
     cuda_ok(cudaDeviceSynchronize());
     expect_same_bytes(d_data.download(), data, "expert data");
     expect_same_bytes(d_scales.download(), scales, "expert scales");
@@ -412,21 +415,19 @@ void check_quantize_experts(int64_t experts, int64_t rows, int64_t cols, BlockAx
 }
 #endif
 
-TEST(QuantGpu, QuantizeExpertsDenseAndPointerTableMatchCpu) {
-  MXMOE_REQUIRE_GPU();
+TEST_P(GpuQuant, QuantizeExpertsDenseAndPointerTableMatchCpu) {
 #if defined(MXMOE_WITH_CUDA)
   for (ScaleLayout layout : kLayouts) {
     for (BlockAxis axis : {BlockAxis::row, BlockAxis::col}) {
-      check_quantize_experts(5, 200, 352, axis, layout);
-      check_quantize_experts(3, 2880, 1408, axis, layout);
-      check_quantize_experts(2, 1408, 2880, axis, layout);
+      check_quantize_experts(backend(), 5, 200, 352, axis, layout);
+      check_quantize_experts(backend(), 3, 2880, 1408, axis, layout);
+      check_quantize_experts(backend(), 2, 1408, 2880, axis, layout);
     }
   }
 #endif
 }
 
-TEST(QuantGpu, GraphReplayWithNewDeviceOffsetsGivesNewResult) {
-  MXMOE_REQUIRE_GPU();
+TEST_P(GpuQuant, GraphReplayWithNewDeviceOffsetsGivesNewResult) {
 #if defined(MXMOE_WITH_CUDA)
   // One capture; the offsets' contents change between replays. A host read of the offsets at
   // capture time would freeze the first split into the graph.
@@ -448,9 +449,10 @@ TEST(QuantGpu, GraphReplayWithNewDeviceOffsetsGivesNewResult) {
 
   cudaStream_t stream;
   cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  Context ctx(Options{.stream = stream});
   cudaGraph_t graph;
   cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  cuda::quantize(dev, stream);
+  backend().quantize(ctx, dev);
   cuda_ok(cudaStreamEndCapture(stream, &graph));
   cudaGraphExec_t exec;
   cuda_ok(cudaGraphInstantiate(&exec, graph, 0));
@@ -476,8 +478,7 @@ TEST(QuantGpu, GraphReplayWithNewDeviceOffsetsGivesNewResult) {
 #endif
 }
 
-TEST(QuantGpu, QuantizeBandwidthOnALargeInput) {
-  MXMOE_REQUIRE_GPU();
+TEST_P(GpuQuant, QuantizeBandwidthOnALargeInput) {
 #if defined(MXMOE_WITH_CUDA)
   // Reported, not asserted: effective bandwidth = (2 B read + 2 x 1 B written) per element.
   const int64_t m = 32768, k = 7168, experts = 32;
@@ -490,13 +491,14 @@ TEST(QuantGpu, QuantizeBandwidthOnALargeInput) {
   DeviceTensor a(row_data.view), b(row_scales.view), c(col_data.view), d(col_scales.view);
   QuantizeArgs dev{d_src.view, {d_offsets.view}, {a.view, b.view, BlockAxis::row, ScaleLayout::swizzled},
                    {c.view, d.view, BlockAxis::col, ScaleLayout::swizzled}};
-  cuda::quantize(dev, nullptr);
+  Context ctx;
+  backend().quantize(ctx, dev);
   cudaEvent_t t0, t1;
   cuda_ok(cudaEventCreate(&t0));
   cuda_ok(cudaEventCreate(&t1));
   constexpr int kIters = 20;
   cuda_ok(cudaEventRecord(t0));
-  for (int i = 0; i < kIters; ++i) cuda::quantize(dev, nullptr);
+  for (int i = 0; i < kIters; ++i) backend().quantize(ctx, dev);
   cuda_ok(cudaEventRecord(t1));
   cuda_ok(cudaEventSynchronize(t1));
   float ms = 0;

@@ -2,6 +2,8 @@
 // offsets and makes them monotone, exclusive sum-scans give each expert its first m-tile and its
 // column-wise scale chunk row, then every linear m-tile finds its expert by binary search. E and T
 // of any size (chunked scans with a carry).
+// Run: mxmoe_gpu_tests --gtest_filter='*GpuQuant*:*GpuGemm*:*GpuGraph*' (every grouped step builds
+//      one; the graph test replays a capture with new splits).
 #include "mxmoe/mxfp8_layout.h"
 #include "src/cuda/common/block_scan.cuh"
 #include "src/cuda/common/check.h"

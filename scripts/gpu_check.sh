@@ -15,8 +15,9 @@ summary() { echo "== $1: $2" | tee -a "$OUT/summary.txt"; }
 for s in $steps; do
   case $s in
     build)
+      scripts/install_cutlass.sh >"$OUT/build.log" 2>&1
       cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DMXMOE_CUDA_ARCHS=90a -DGTEST_ROOT="$PWD/.deps/gtest" \
-        >"$OUT/build.log" 2>&1 && cmake --build $B -j16 >>"$OUT/build.log" 2>&1
+        >>"$OUT/build.log" 2>&1 && cmake --build $B -j16 >>"$OUT/build.log" 2>&1
       rc=$?; summary build "rc=$rc"; [ $rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; } ;;
     test)
       (cd $B && ctest -j4 --output-on-failure --timeout 300 >"$OUT/ctest.log" 2>&1); rc=$?

@@ -16,6 +16,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# CUTLASS/CuTe headers for the Hopper backend, where there is a CUDA compiler to use them.
+if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then scripts/install_cutlass.sh; fi
+
 BUILD_DIR=${BUILD_DIR:-build}
 jobs=$(nproc 2>/dev/null || echo 2)
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release ${MXMOE_CMAKE_ARGS:-} >/dev/null

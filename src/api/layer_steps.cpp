@@ -72,7 +72,12 @@ LayerStep wgrad(const char* label, const Problem& p, const KGroupedGemmArgs& a, 
 
 }  // namespace
 
-Backend& plan(Context& ctx, const LayerStep& step) { return select(ctx, step.query, step.label); }
+Backend& plan(Context& ctx, const LayerStep& step) {
+  StepQuery q = step.query;
+  q.gemm_m = std::get_if<MGemmStep>(&step.args);
+  q.gemm_k = std::get_if<KGroupedGemmArgs>(&step.args);
+  return select(ctx, q, step.label);
+}
 
 void run(Context& ctx, Backend& b, const LayerStep& step) {
   struct Visit {

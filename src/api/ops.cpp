@@ -119,7 +119,9 @@ void grouped_gemm_m(Context& ctx, const MGroupedGemmArgs& a) {
                                       region("offsets", a.offsets.offsets)});
   detail::MGemmStep s;
   s.gemm = a;
-  detail::select(ctx, {Step::gemm_m, d, mx ? Recipe::mxfp8 : Recipe::bf16, N, K}).gemm_m(ctx, s);
+  detail::StepQuery q{Step::gemm_m, d, mx ? Recipe::mxfp8 : Recipe::bf16, N, K};
+  q.gemm_m = &s;
+  detail::select(ctx, q).gemm_m(ctx, s);
 }
 
 void grouped_gemm_k(Context& ctx, const KGroupedGemmArgs& a) {
@@ -139,7 +141,9 @@ void grouped_gemm_k(Context& ctx, const KGroupedGemmArgs& a) {
   const DType dt = a.d.per_expert() ? a.d.dtype : a.d.dense.dtype;
   if (a.accumulate && dt != DType::f32) throw Error("accumulate", "accumulate=true needs an f32 output, d is " + std::string(dtype_name(dt)));
   check_no_alias({region("d", a.d.dense)}, {operand_region("a", a.a), operand_region("b", a.b), region("offsets", a.offsets.offsets)});
-  detail::select(ctx, {Step::gemm_k, d, mx ? Recipe::mxfp8 : Recipe::bf16, N, M}).gemm_k(ctx, a);
+  detail::StepQuery q{Step::gemm_k, d, mx ? Recipe::mxfp8 : Recipe::bf16, N, M};
+  q.gemm_k = &a;
+  detail::select(ctx, q).gemm_k(ctx, a);
 }
 
 }  // namespace mxmoe

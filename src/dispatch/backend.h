@@ -26,11 +26,16 @@ enum class Step : uint8_t {
 const char* to_string(Step s);
 
 // What a probe needs to know about a call.
+struct MGemmStep;
 struct StepQuery {
   Step step;
   Device device;          // where the data lives
   Recipe recipe = Recipe::bf16;
   int64_t n = 0, k = 0;   // GEMM N and K (0 where not a GEMM)
+  // The GEMM step itself, for probes that take only some of its shapes, layouts or outputs (set by
+  // plan() and the ops entry points for gemm_m / gemm_k; valid only during the call).
+  const MGemmStep* gemm_m = nullptr;
+  const KGroupedGemmArgs* gemm_k = nullptr;
 };
 
 struct Probe {

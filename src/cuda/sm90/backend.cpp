@@ -1,24 +1,70 @@
-// Registry entry of cuda_sm90, the Hopper fast path. It is registered ahead of cuda_portable so
-// dispatch always asks it first; until its kernels land it answers "unavailable" with the reason
-// (never throws from a probe), and the chain falls through to cuda_portable.
+// Registry entry of cuda_sm90, the Hopper fast path (TMA + wgmma grouped GEMMs in this folder). It
+// is registered ahead of cuda_portable, so dispatch asks it first; a step it does not take (MXFP8
+// operands, per-expert weight pointers, unaligned shapes, the quantize and bias-gradient steps) is
+// refused by its probe with the reason, and the chain runs it on cuda_portable. Built without the
+// sm_90a target or the CUTLASS/CuTe headers, it refuses everything, saying which was missing.
 #include "src/cuda/common/device_facts.h"
 #include "src/dispatch/refusing_backend.h"
+#if defined(MXMOE_WITH_SM90)
+#include "src/cuda/sm90/sm90_ops.h"
+#endif
 
 namespace mxmoe {
 namespace cuda::sm90 {
 namespace {
 
+#if defined(MXMOE_WITH_SM90)
+constexpr const char* kBuildProblem = "";
+#elif defined(MXMOE_SM90_MISSING)
+constexpr const char* kBuildProblem = "not built: " MXMOE_SM90_MISSING;
+#else
+constexpr const char* kBuildProblem = "not built";
+#endif
+
 class CudaSm90Backend final : public detail::RefusingBackend {
  public:
-  CudaSm90Backend() : RefusingBackend("Hopper wgmma/TMA kernels are not in this build yet") {}
+  CudaSm90Backend()
+      : RefusingBackend(*kBuildProblem ? kBuildProblem : "no sm90 kernel for this step; cuda_portable serves it") {}
   const char* name() const override { return "cuda_sm90"; }
+
   detail::Probe probe_device(Device d) const override {
     if (d.type != DeviceType::cuda) return {false, "data is in host memory"};
     const DeviceFacts& f = device_facts(d.index);
     if (!f.ok) return {false, f.problem};
     if (f.major != 9) return {false, f.name + " is " + f.cc() + "; cuda_sm90 needs sm_90"};
-    return {false, "Hopper wgmma/TMA kernels are not in this build yet"};
+    if (*kBuildProblem) return {false, kBuildProblem};
+    return {true, f.name + " (" + f.cc() + "), TMA + wgmma BF16 grouped GEMMs"};
   }
+
+  detail::Probe probe(const detail::StepQuery& q) const override {
+#if defined(MXMOE_WITH_SM90)
+    std::string why;
+    switch (q.step) {
+      case detail::Step::gemm_m:
+        if (q.gemm_m == nullptr) return {false, "internal: the dispatch query carries no m-grouped step"};
+        why = gemm_m_refusal(*q.gemm_m);
+        return {why.empty(), why};
+      case detail::Step::gemm_k:
+        if (q.gemm_k == nullptr) return {false, "internal: the dispatch query carries no k-grouped step"};
+        why = gemm_k_refusal(*q.gemm_k);
+        return {why.empty(), why};
+      case detail::Step::quantize:
+      case detail::Step::dequantize:
+      case detail::Step::quantize_experts:
+        return {false, "no sm90 quantizer of its own: cuda_portable's one-pass quantizer serves it"};
+      case detail::Step::fc2_bias_grads:
+        return {false, "a memory-bound column reduction: cuda_portable's kernel serves it"};
+    }
+    return {false, "unknown step"};
+#else
+    return {false, kBuildProblem};
+#endif
+  }
+
+#if defined(MXMOE_WITH_SM90)
+  void gemm_m(Context& c, const detail::MGemmStep& s) override { sm90::gemm_m(s, c.options().stream); }
+  void gemm_k(Context& c, const KGroupedGemmArgs& a) override { sm90::gemm_k(a, c.options().stream); }
+#endif
 };
 
 }  // namespace

@@ -1,0 +1,63 @@
+// Host entry of the sm90 k-grouped GEMM (the weight gradients): D_e = A_e^T B_e over each expert's
+// own tokens, both operands token-major (MN-major tiles through one tensor map each over all tokens).
+// Group row ranges come from the device schedule; no host reads of the offsets, no stream sync.
+#include <string>
+
+#include "src/cuda/common/check.h"
+#include "src/cuda/sm90/launch.cuh"
+#include "src/cuda/sm90/tensor_map.h"
+
+namespace mxmoe::cuda::sm90 {
+namespace {
+constexpr int kWgradN = 256;
+using Wgrad = KernelConfig<kWgradN, Major::mn, Major::mn, Grouping::k, Epi::wgrad>;
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+}  // namespace
+
+std::string gemm_k_refusal(const KGroupedGemmArgs& a) {
+  if (a.a.is_mxfp8() || a.b.is_mxfp8()) return "MXFP8 operands: the sm90 MXFP8 kernels are not in this build yet";
+  const int64_t m = a.a.bf16.shape[1], n = a.b.bf16.shape[1];
+  if (m % 8 != 0 || n % 8 != 0)
+    return "M = " + std::to_string(m) + ", N = " + std::to_string(n) +
+           ": both must be multiples of 8 (TMA rows must be 16-byte aligned)";
+  if (!aligned16(a.a.bf16.data) || !aligned16(a.b.bf16.data)) return "an operand's address is not 16-byte aligned (TMA)";
+  return {};
+}
+
+void gemm_k(const KGroupedGemmArgs& a, void* stream_ptr) {
+  const cudaStream_t stream = as_stream(stream_ptr);
+  const std::string why = gemm_k_refusal(a);
+  if (!why.empty()) throw Error("cuda_sm90", why);
+  const TensorView& av = a.a.bf16;
+  const TensorView& bv = a.b.bf16;
+  const int64_t rows = av.shape[0], m = av.shape[1], n = bv.shape[1], experts = a.offsets.experts();
+  if (experts <= 0 || m == 0 || n == 0) return;
+
+  KernelParams p;
+  p.experts = static_cast<int32_t>(experts);
+  p.rows = rows;
+  p.m = m;
+  p.n = n;
+  p.m_tiles = static_cast<int32_t>((m + kBlockM - 1) / kBlockM);
+  p.n_tiles = static_cast<int32_t>((n + kWgradN - 1) / kWgradN);
+  const DType out_dt = a.d.per_expert() ? a.d.dtype : a.d.dense.dtype;
+  p.d_f32 = out_dt == DType::f32;
+  p.accumulate = a.accumulate && p.d_f32;
+  p.d_experts = expert_ptrs(a.d, m * n, p.d_f32 ? 4 : 2);
+
+  constexpr int64_t kStandIn = 256;
+  Workspace ws(group_schedule_bytes(experts, rows, 0) + Workspace::aligned(kStandIn), stream);
+  p.sched = build_group_schedule(a.offsets.data(), experts, rows, 0, ws, stream);
+  // T = 0 has no tensor to map; every group is then empty and the kernel only writes zeros (or
+  // nothing), so the maps point at a one-row stand-in that no TMA ever reads.
+  char* stand_in = ws.take<char>(kStandIn);
+  const bool empty = rows == 0;
+  const uint64_t T = empty ? 1 : static_cast<uint64_t>(rows);
+  const CUtensorMap ma = make_tensor_map_bf16("a", empty ? stand_in : av.data, {empty ? 64 : static_cast<uint64_t>(m), T},
+                                              {empty ? 128 : static_cast<uint64_t>(m) * 2}, {64, kBlockK});
+  const CUtensorMap mb = make_tensor_map_bf16("b", empty ? stand_in : bv.data, {empty ? 64 : static_cast<uint64_t>(n), T},
+                                              {empty ? 128 : static_cast<uint64_t>(n) * 2}, {64, kBlockK});
+  launch<Wgrad>(p, static_cast<int64_t>(experts) * ((p.m_tiles + 1) / 2) * p.n_tiles, ma, mb, mb, stream);
+}
+
+}  // namespace mxmoe::cuda::sm90

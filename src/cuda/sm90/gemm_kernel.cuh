@@ -1,0 +1,359 @@
+// The sm90 grouped GEMM kernel: persistent, warp-specialized, TMA loads into a shared-memory ring,
+// wgmma (HGMMA) with fp32 accumulators in registers, one fused epilogue per instantiation.
+//
+//   warp group 0: producer (one thread issues TMA; registers given back with setmaxnreg)
+//   warp groups 1, 2: consumers, rows 0-63 and 64-127 of a 128 x BN output tile (cooperative)
+//
+// m-grouped (fprop, dgrad): A = tokens [T, K] K-major through one tensor map over all tokens; the
+// group schedule maps each linear 128-row m-tile to its expert; rows past the group's end are
+// computed but never stored. B_e through a 3-D/4-D map over [E, ...] so K and N tails are zero
+// filled per expert by TMA.
+// k-grouped (wgrad): D_e [M, N] = A_e^T B_e; both operands are token-major (MN-major tiles); the K
+// range is the group's own tokens; rows of the last k-block that belong to the next group are
+// zeroed in shared memory before the wgmma reads them.
+// Run: mxmoe_gpu_tests --gtest_filter='*cuda_sm90*'; mxmoe bench (every GEMM of the layer).
+#pragma once
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <utility>
+
+#include "mxmoe/numerics.h"
+#include "src/cuda/sm90/params.h"
+#include "src/cuda/sm90/ptx.cuh"
+
+namespace mxmoe::cuda::sm90 {
+
+inline constexpr int kBlockM = 128;
+inline constexpr int kBlockK = 64;
+inline constexpr int kBoxBytes = 64 * 64 * 2;  // one [64][64] bf16 box = 8 swizzle atoms
+inline constexpr int kThreads = 384;
+inline constexpr int kConsumerThreads = 256;
+inline constexpr int kSmemLimit = 227 * 1024;
+
+template <int BN_, Major AMajor_, Major BMajor_, Grouping G_, Epi E_>
+struct KernelConfig {
+  static constexpr int kBlockN = BN_;
+  static constexpr Major kAMajor = AMajor_, kBMajor = BMajor_;
+  static constexpr Grouping kGrouping = G_;
+  static constexpr Epi kEpi = E_;
+  static constexpr int kStageA = kBlockM * kBlockK * 2;  // (128, 64) K-major or 2 x (64 k, 64 m)
+  static constexpr int kStageB = kBlockN * kBlockK * 2;  // (BN, 64) K-major or BN/64 x (64 k, 64 n)
+  static constexpr int kStageBytes = kStageA + kStageB;
+  // glu_backward: db1 column partials of the 8 consumer warps, a and b halves.
+  static constexpr int kEpiBytes = E_ == Epi::glu_backward ? 8 * 2 * BN_ * 4 : 0;
+  static constexpr int kReserved = 1024 /*alignment slack*/ + 256 /*barriers*/;
+  static constexpr int kStages = (kSmemLimit - kReserved - kEpiBytes) / kStageBytes > 8
+                                     ? 8
+                                     : (kSmemLimit - kReserved - kEpiBytes) / kStageBytes;
+  static constexpr int kSmemBytes = kReserved + kEpiBytes + kStages * kStageBytes;
+  // CTA pairs along M can share (multicast) the B tile (2/3 of the bytes a 128 x 256 tile reads per
+  // k-block). Measured on the H200 (docs/kernels/sm90_gemm.md) the pairs ran slower than single CTAs
+  // (FC1 dsv3 412 vs 514 TFLOP/s), so the kernels run with 1 until that is understood.
+  static constexpr int kCluster = 1;
+  static_assert(kStages >= 2, "tile too large for the shared-memory ring");
+  static_assert(BN_ % 64 == 0 && BN_ <= 256, "BN must be 64, 128, 192 or 256");
+  static_assert(E_ != Epi::glu_forward || BMajor_ == Major::k, "glu_forward reads B_e [2F, K]");
+};
+
+// One output tile and its K range, as producer and consumers both derive it from the pair index.
+// The two CTAs of a cluster take m-tiles 2j and 2j+1 with the same n-tile. When both tiles read the
+// same expert's B (or one of them is past the end: a "dummy" that only loads), each CTA loads half
+// of the B tile and multicasts it; two tiles of different experts load their own B. Both CTAs walk
+// the same number of k-blocks per pair, so their shared-memory rings stay in lockstep.
+struct Tile {
+  int32_t expert;   // this tile's expert (-1: dummy)
+  int32_t b_expert; // whose B_e is loaded (the peer's for a dummy)
+  int32_t m_tile;   // m-grouped: linear m-tile; k-grouped: tile along M
+  int32_t n_tile;
+  int64_t row0;     // m-grouped: first token row; k-grouped: first output row m0
+  int64_t row_end;  // m-grouped: group end (exclusive); k-grouped: M
+  int64_t k0;       // k-grouped: first token of the group
+  int64_t k_end;    // k-grouped: group end
+  int32_t k_blocks;
+  bool live;        // this CTA computes and stores the tile
+  bool multicast;   // B is split between the pair and multicast
+};
+
+template <Grouping G, int kCluster>
+__device__ __forceinline__ int64_t pair_count(const KernelParams& p) {
+  if constexpr (G == Grouping::k) {
+    return static_cast<int64_t>(p.experts) * ((p.m_tiles + kCluster - 1) / kCluster) * p.n_tiles;
+  } else {
+    if (p.experts <= 0) return 0;
+    return static_cast<int64_t>((*p.sched.tile_count + kCluster - 1) / kCluster) * p.n_tiles;
+  }
+}
+
+template <Grouping G, int kCluster>
+__device__ __forceinline__ Tile tile_at(const KernelParams& p, int64_t pidx, uint32_t rank, int32_t m_count) {
+  Tile t;
+  const GroupSchedule& s = p.sched;
+  if constexpr (G == Grouping::k) {
+    const int32_t m_pairs = (p.m_tiles + kCluster - 1) / kCluster;
+    const int64_t per_expert = static_cast<int64_t>(m_pairs) * p.n_tiles;
+    t.expert = static_cast<int32_t>(pidx / per_expert);
+    const int64_t rem = pidx - t.expert * per_expert;
+    const int32_t m_pair = static_cast<int32_t>(rem / p.n_tiles);
+    t.n_tile = static_cast<int32_t>(rem - static_cast<int64_t>(m_pair) * p.n_tiles);
+    t.m_tile = m_pair * kCluster + static_cast<int32_t>(rank);
+    t.live = t.m_tile < p.m_tiles;
+    t.b_expert = t.expert;
+    t.multicast = kCluster > 1;
+    t.row0 = static_cast<int64_t>(t.m_tile) * kBlockM;
+    t.row_end = p.m;
+    const GroupInfo g = s.groups[t.expert];
+    t.k0 = g.begin;
+    t.k_end = g.end;
+    t.k_blocks = static_cast<int32_t>((t.k_end - t.k0 + kBlockK - 1) / kBlockK);
+  } else {
+    const int32_t m_pair = static_cast<int32_t>(pidx / p.n_tiles);
+    t.n_tile = static_cast<int32_t>(pidx - static_cast<int64_t>(m_pair) * p.n_tiles);
+    t.m_tile = m_pair * kCluster + static_cast<int32_t>(rank);
+    const TileInfo mine = t.m_tile < m_count ? s.tiles[t.m_tile] : TileInfo{-1, 0};
+    TileInfo other = mine;
+    if constexpr (kCluster > 1) {
+      const int32_t o = m_pair * kCluster + static_cast<int32_t>(rank ^ 1);
+      other = o < m_count ? s.tiles[o] : TileInfo{-1, 0};
+    }
+    t.live = mine.expert >= 0;
+    t.expert = mine.expert;
+    t.b_expert = t.live ? mine.expert : other.expert;
+    t.multicast = kCluster > 1 && (mine.expert == other.expert || mine.expert < 0 || other.expert < 0);
+    t.row0 = t.live ? mine.row0 : other.row0;
+    t.row_end = t.live ? s.groups[mine.expert].end : t.row0;
+    t.k0 = 0;
+    t.k_end = 0;
+    t.k_blocks = t.b_expert >= 0 ? p.k_blocks : 0;
+  }
+  return t;
+}
+
+// ---- producer: one thread fills the ring ----
+// B half `h` of the tile (rows or columns [h BN/2, (h+1) BN/2)), to this CTA or multicast to both.
+template <class Cfg>
+__device__ __forceinline__ void load_b_half(const KernelParams& p, const Tile& t, int32_t k, int h, uint8_t* sb,
+                                            uint64_t* bar, const CUtensorMap* mb0, const CUtensorMap* mb1,
+                                            bool mc) {
+  constexpr int BN = Cfg::kBlockN;
+  constexpr uint16_t kBoth = 0b11;
+  const int32_t e = t.b_expert;
+  if constexpr (Cfg::kGrouping == Grouping::k) {
+    const int32_t n0 = t.n_tile * BN;
+#pragma unroll
+    for (int i = h * BN / 128; i < (h + 1) * BN / 128; ++i) {
+      if (mc) tma_load_2d_mc(mb0, bar, sb + i * kBoxBytes, n0 + 64 * i, k, kBoth);
+      else tma_load_2d(mb0, bar, sb + i * kBoxBytes, n0 + 64 * i, k);
+    }
+  } else {
+    uint8_t* dst = sb + h * (BN / 2) * 128;
+    switch (p.b_load) {
+      case BLoad::k_rows: {
+        const int32_t n = t.n_tile * BN + h * (BN / 2);
+        if (mc) tma_load_3d_mc(mb0, bar, dst, k, n, e, kBoth);
+        else tma_load_3d(mb0, bar, dst, k, n, e);
+        break;
+      }
+      case BLoad::glu_halves: {
+        const int32_t f0 = t.n_tile * (BN / 2);
+        const CUtensorMap* m = h == 0 ? mb0 : mb1;
+        if (mc) tma_load_3d_mc(m, bar, dst, k, f0, e, kBoth);
+        else tma_load_3d(m, bar, dst, k, f0, e);
+        break;
+      }
+      case BLoad::glu_interleave32: {
+        const int32_t c0 = t.n_tile * (BN / 2) / kGluInterleave;
+        const CUtensorMap* m = h == 0 ? mb0 : mb1;
+        if (mc) tma_load_4d_mc(m, bar, dst, k, 0, c0, e, kBoth);
+        else tma_load_4d(m, bar, dst, k, 0, c0, e);
+        break;
+      }
+      case BLoad::mn_boxes: {
+        const int32_t n0 = t.n_tile * BN;
+#pragma unroll
+        for (int i = h * BN / 128; i < (h + 1) * BN / 128; ++i) {
+          if (mc) tma_load_3d_mc(mb0, bar, sb + i * kBoxBytes, n0 + 64 * i, k, e, kBoth);
+          else tma_load_3d(mb0, bar, sb + i * kBoxBytes, n0 + 64 * i, k, e);
+        }
+        break;
+      }
+    }
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void load_stage(const KernelParams& p, const Tile& t, int kb, uint32_t rank, uint8_t* sa,
+                                           uint8_t* sb, uint64_t* bar, const CUtensorMap* ma, const CUtensorMap* mb0,
+                                           const CUtensorMap* mb1) {
+  int32_t k;
+  if constexpr (Cfg::kGrouping == Grouping::k) {
+    k = static_cast<int32_t>(t.k0) + kb * kBlockK;
+    const int32_t m0 = t.m_tile * kBlockM;
+#pragma unroll
+    for (int i = 0; i < kBlockM / 64; ++i) tma_load_2d(ma, bar, sa + i * kBoxBytes, m0 + 64 * i, k);
+  } else {
+    k = kb * kBlockK;
+    tma_load_2d(ma, bar, sa, k, static_cast<int32_t>(t.row0));
+  }
+  if (t.multicast) {
+    load_b_half<Cfg>(p, t, k, static_cast<int>(rank), sb, bar, mb0, mb1, true);
+  } else {
+    load_b_half<Cfg>(p, t, k, 0, sb, bar, mb0, mb1, false);
+    load_b_half<Cfg>(p, t, k, 1, sb, bar, mb0, mb1, false);
+  }
+}
+
+// ---- consumers: wgmma over one stage ----
+template <int N, Major A, Major B>
+struct Gmma;
+#define MXMOE_SM90_GMMA(N)                                                                                   \
+  template <Major A, Major B>                                                                                \
+  struct Gmma<N, A, B> {                                                                                     \
+    using Atom = cute::SM90::GMMA::MMA_64x##N##x16_F32BF16BF16_SS<                                           \
+        A == Major::k ? cute::SM90::GMMA::Major::K : cute::SM90::GMMA::Major::MN,                            \
+        B == Major::k ? cute::SM90::GMMA::Major::K : cute::SM90::GMMA::Major::MN>;                           \
+  };
+MXMOE_SM90_GMMA(64)
+MXMOE_SM90_GMMA(128)
+MXMOE_SM90_GMMA(192)
+MXMOE_SM90_GMMA(256)
+#undef MXMOE_SM90_GMMA
+
+template <class Atom, int R, size_t... I>
+__device__ __forceinline__ void gmma_call(uint64_t da, uint64_t db, float (&acc)[R], std::index_sequence<I...>) {
+  Atom::fma(da, db, acc[I]..., cute::SM90::GMMA::ScaleOut::One);
+}
+
+template <class Cfg>
+__device__ __forceinline__ void mma_stage(const uint8_t* sa, const uint8_t* sb, int cw, float (&acc)[Cfg::kBlockN / 2]) {
+  using Atom = typename Gmma<Cfg::kBlockN, Cfg::kAMajor, Cfg::kBMajor>::Atom;
+#pragma unroll
+  for (int kk = 0; kk < kBlockK / 16; ++kk) {
+    uint64_t da, db;
+    if constexpr (Cfg::kAMajor == Major::k)
+      da = smem_desc_sw128(sa + cw * 64 * 128 + kk * 32, 16, 1024);  // rows 64cw.., k 16kk..
+    else
+      da = smem_desc_sw128(sa + cw * kBoxBytes + kk * 16 * 128, kBoxBytes, 1024);
+    if constexpr (Cfg::kBMajor == Major::k)
+      db = smem_desc_sw128(sb + kk * 32, 16, 1024);
+    else
+      db = smem_desc_sw128(sb + kk * 16 * 128, kBoxBytes, 1024);
+    gmma_call<Atom>(da, db, acc, std::make_index_sequence<Cfg::kBlockN / 2>{});
+  }
+}
+
+}  // namespace mxmoe::cuda::sm90
+
+#include "src/cuda/sm90/epilogue.cuh"
+
+namespace mxmoe::cuda::sm90 {
+
+template <class Cfg>
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_gemm_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ CUtensorMap tma_a,
+                        const __grid_constant__ CUtensorMap tma_b0, const __grid_constant__ CUtensorMap tma_b1) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kStages = Cfg::kStages;
+  constexpr int BN = Cfg::kBlockN;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  float* epi_smem = reinterpret_cast<float*>(smem + kStages * Cfg::kStageBytes);             // (8, 2, BN)
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * Cfg::kStageBytes + Cfg::kEpiBytes);  // (stages)
+  uint64_t* empty = full + kStages;                                                          // (stages)
+  auto stage_a = [&](int s) { return smem + s * Cfg::kStageBytes; };
+  auto stage_b = [&](int s) { return smem + s * Cfg::kStageBytes + Cfg::kStageA; };
+
+  constexpr int kCluster = Cfg::kCluster;
+  const int wg = threadIdx.x / 128;
+  const uint32_t rank = kCluster > 1 ? cluster_rank() : 0;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 2 * kCluster);  // one arrival per consumer warp group of the pair
+    }
+    fence_barrier_init();
+    tma_prefetch_desc(&tma_a);
+    tma_prefetch_desc(&tma_b0);
+    if (p.b_load == BLoad::glu_halves || p.b_load == BLoad::glu_interleave32) tma_prefetch_desc(&tma_b1);
+  }
+  __syncthreads();
+  if constexpr (kCluster > 1) cluster_sync();  // the peer's barriers exist before any multicast
+  const int32_t m_count = Cfg::kGrouping == Grouping::m && p.experts > 0 ? *p.sched.tile_count : 0;
+  const int64_t total = pair_count<Cfg::kGrouping, kCluster>(p);
+  const int64_t first = blockIdx.x / kCluster, step = gridDim.x / kCluster;
+
+  if (wg == 0) {
+    reg_dealloc<40>();
+    if (threadIdx.x == 0) {
+      int stage = 0;
+      uint32_t phase = 0;
+      for (int64_t idx = first; idx < total; idx += step) {
+        const Tile t = tile_at<Cfg::kGrouping, kCluster>(p, idx, rank, m_count);
+        for (int kb = 0; kb < t.k_blocks; ++kb) {
+          mbar_wait(&empty[stage], phase ^ 1);
+          mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytes);
+          load_stage<Cfg>(p, t, kb, rank, stage_a(stage), stage_b(stage), &full[stage], &tma_a, &tma_b0, &tma_b1);
+          if (++stage == kStages) stage = 0, phase ^= 1;
+        }
+      }
+    }
+  } else {
+    reg_alloc<232>();
+    const int cw = wg - 1;
+    const int ctid = threadIdx.x - 128;  // 0..255
+    int stage = 0;
+    uint32_t phase = 0;
+    auto release = [&](int s) {
+      if ((ctid % 128) == 0) {
+        mbar_arrive(&empty[s]);
+        if constexpr (kCluster > 1) mbar_arrive_cluster(&empty[s], rank ^ 1);
+      }
+    };
+    for (int64_t idx = first; idx < total; idx += step) {
+      const Tile t = tile_at<Cfg::kGrouping, kCluster>(p, idx, rank, m_count);
+      float acc[BN / 2];
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) {
+        acc[i] = 0.0f;
+        fence_operand(acc[i]);
+      }
+      int prev = -1;
+      for (int kb = 0; kb < t.k_blocks; ++kb) {
+        mbar_wait(&full[stage], phase);
+        if (t.live) {
+          if constexpr (Cfg::kGrouping == Grouping::k) {
+            const int64_t valid = t.k_end - (t.k0 + static_cast<int64_t>(kb) * kBlockK);
+            if (valid < kBlockK) {
+              // Token rows [valid, 64) of every box belong to the next group: zero them (both
+              // operands, so that no value of another expert, finite or not, reaches this sum).
+              constexpr int kBoxes = (kBlockM + BN) / 64;
+              const int from = static_cast<int>(valid) * 128 / 16;  // in 16-byte units
+              constexpr int kUnits = kBoxBytes / 16;
+              uint8_t* base = stage_a(stage);  // A boxes then B boxes, contiguous
+              for (int u = ctid; u < kBoxes * kUnits; u += kConsumerThreads) {
+                const int box = u / kUnits, off = u % kUnits;
+                if (off >= from) reinterpret_cast<uint4*>(base + box * kBoxBytes)[off] = make_uint4(0, 0, 0, 0);
+              }
+              fence_proxy_async_smem();
+              named_barrier_sync(1, kConsumerThreads);
+            }
+          }
+          wgmma_fence();
+          mma_stage<Cfg>(stage_a(stage), stage_b(stage), cw, acc);
+          wgmma_commit();
+          wgmma_wait<1>();
+        }
+        if (prev >= 0) release(prev);
+        prev = stage;
+        if (++stage == kStages) stage = 0, phase ^= 1;
+      }
+      wgmma_wait<0>();
+      if (prev >= 0) release(prev);
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) fence_operand(acc[i]);
+      if (t.live) epilogue<Cfg>(p, t, cw, ctid, acc, epi_smem);
+    }
+  }
+  if constexpr (kCluster > 1) cluster_sync();  // no CTA leaves while its peer may still write to it
+#endif
+}
+
+}  // namespace mxmoe::cuda::sm90

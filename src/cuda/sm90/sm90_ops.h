@@ -1,0 +1,21 @@
+// Host entries of the sm90 (Hopper: TMA + wgmma) grouped GEMMs. Every function enqueues on
+// `stream`, never synchronises the host and never reads group offsets on the host.
+#pragma once
+#include <string>
+
+#include "src/dispatch/backend.h"
+
+namespace mxmoe::cuda::sm90 {
+
+// Empty when the sm90 kernels take the step; otherwise the reason they do not (the dispatch then
+// runs it on the next backend).
+std::string gemm_m_refusal(const detail::MGemmStep& s);
+std::string gemm_k_refusal(const KGroupedGemmArgs& a);
+
+void gemm_m(const detail::MGemmStep& s, void* stream);
+void gemm_k(const KGroupedGemmArgs& a, void* stream);
+
+// Number of SMs of the current device (cached per device), the persistent grid size.
+int sm_count();
+
+}  // namespace mxmoe::cuda::sm90

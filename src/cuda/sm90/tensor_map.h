@@ -1,0 +1,17 @@
+// TMA descriptors (CUtensorMap) for bf16 tensors with 128-byte swizzle, encoded on the host through
+// the driver entry point that the runtime hands out (no link against libcuda). Encoding needs only
+// pointers and shapes, never device data, so it is legal while a stream is being captured.
+#pragma once
+#include <cuda.h>
+
+#include <cstdint>
+#include <initializer_list>
+
+namespace mxmoe::cuda::sm90 {
+
+// dims: innermost first; strides_bytes: of dims 1..rank-1; box: elements per dim (box[0] * 2 <= 128).
+// Elements outside dims read as zero. Throws mxmoe::Error naming `what` if the driver refuses.
+CUtensorMap make_tensor_map_bf16(const char* what, const void* base, std::initializer_list<uint64_t> dims,
+                                 std::initializer_list<uint64_t> strides_bytes, std::initializer_list<uint32_t> box);
+
+}  // namespace mxmoe::cuda::sm90

@@ -4,9 +4,11 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
+#include "src/api/layer_steps.h"
 #include "src/dispatch/backend.h"
 #include "tests/support.h"
 
@@ -71,16 +73,53 @@ class GpuBackendTest : public testing::TestWithParam<std::string> {
   INSTANTIATE_TEST_SUITE_P(Backends, Suite, testing::ValuesIn(::mxmoe::test::gpu_backend_names()), \
                            [](const testing::TestParamInfo<std::string>& info) { return info.param; })
 
-// In a void test helper: when `backend` does not take step `query` (a case outside what it serves),
-// skip the case with the reason and return; the test's other cases still run, and the test reports
-// SKIPPED unless one of them fails.
-#define MXMOE_SKIP_UNLESS_SERVED(backend, query)                                                       \
-  do {                                                                                                 \
-    const ::mxmoe::detail::Probe served_ = (backend).probe(query);                                     \
-    if (!served_.available)                                                                            \
-      GTEST_SKIP() << "GPU test skipped: " << (backend).name() << " does not serve this "              \
-                   << ::mxmoe::detail::to_string((query).step) << " case: " << served_.reason;          \
+// What `b`'s probe answers for a step, asked as dispatch asks it: GEMM steps travel with the query,
+// so a backend that takes only some shapes, layouts or outputs can judge this one.
+inline detail::Probe probe_step(detail::Backend& b, detail::StepQuery q, const detail::MGemmStep& s) {
+  q.gemm_m = &s;
+  return b.probe(q);
+}
+inline detail::Probe probe_step(detail::Backend& b, detail::StepQuery q, const KGroupedGemmArgs& a) {
+  q.gemm_k = &a;
+  return b.probe(q);
+}
+inline detail::Probe probe_step(detail::Backend& b, const detail::LayerStep& st) {
+  detail::StepQuery q = st.query;
+  q.gemm_m = std::get_if<detail::MGemmStep>(&st.args);
+  q.gemm_k = std::get_if<KGroupedGemmArgs>(&st.args);
+  return b.probe(q);
+}
+
+// A variant of a case (per-expert pointers, a second layout) that the backend refuses is not run
+// on it (dispatch would send it elsewhere); say so in the log.
+inline void note_refused(const detail::Backend& b, const char* what, const detail::Probe& p) {
+  std::printf("[   NOTE   ] %s does not serve %s: %s\n", b.name(), what, p.reason.c_str());
+}
+
+// In a void test helper: when the backend's probe answer `probe` refuses the case, skip the case
+// with the reason and return; the test's other cases still run, and the test reports SKIPPED unless
+// one of them fails.
+#define MXMOE_SKIP_UNLESS_SERVED(backend, probe)                                                     \
+  do {                                                                                               \
+    const ::mxmoe::detail::Probe served_ = (probe);                                                  \
+    if (!served_.available)                                                                          \
+      GTEST_SKIP() << "GPU test skipped: " << (backend).name() << " does not serve this case: "      \
+                   << served_.reason;                                                                \
   } while (0)
+
+// Options that make device backend `name` the first choice: the device backends ahead of it in the
+// registry are denied, and a step it refuses falls back down the chain as in production (the
+// report says which backend ran each step). The layer suites run this way: a backend may serve
+// only some steps.
+inline Options prefer_backend(const std::string& name, void* stream = nullptr) {
+  Options o;
+  o.stream = stream;
+  for (const std::string& other : gpu_backend_names()) {
+    if (other == name) break;
+    o.deny.push_back(other);
+  }
+  return o;
+}
 
 #if defined(MXMOE_WITH_CUDA)
 inline void cuda_ok(cudaError_t e) {

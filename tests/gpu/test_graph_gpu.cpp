@@ -1,8 +1,8 @@
-// No host synchronisation in forward or backward: a whole training step, every step forced onto one
-// device backend (run once per backend, test names ending in /<backend>), is captured in a CUDA
+// No host synchronisation in forward or backward: a whole training step, with one device backend as
+// the first choice (run once per backend, test names ending in /<backend>), is captured in a CUDA
 // graph once, then new inputs AND new token splits are written into the same device buffers and
 // the graph is replayed; every output must equal an eager run on the same data, bit for bit.
-// Run: mxmoe_gpu_tests --gtest_filter='*GpuGraph*'
+// Run: <build>/tests/mxmoe_gpu_tests --gtest_filter='*GpuGraph*'
 #include <gtest/gtest.h>
 
 #include "tests/layer_support.h"
@@ -88,7 +88,7 @@ TEST_P(GpuGraph, CapturedStepReplaysWithNewInputsAndSplitsBitIdentically) {
     DeviceStep step(a);
     cudaStream_t stream;
     cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    Context ctx(Options{.backend = backend_name(), .stream = stream});
+    Context ctx(prefer_backend(backend_name(), stream));
 
     step.upload(a);
     step.run(ctx);

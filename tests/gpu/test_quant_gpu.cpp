@@ -4,7 +4,7 @@
 // random bf16 with NaN, Inf, all-zero blocks, subnormal-scale blocks and 448-boundary blocks; GPU
 // outputs are poisoned with 0xA5 and CPU outputs with 0x5A, so an unwritten byte on either side fails.
 // Group offsets live on the device; the graph test changes them between replays of one capture.
-// Run: mxmoe_gpu_tests --gtest_filter='*GpuQuant*'
+// Run: <build>/tests/mxmoe_gpu_tests --gtest_filter='*GpuQuant*'
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -147,7 +147,8 @@ std::string describe(const QuantCase& c) {
 // derived from the sizes (used for invalid device offsets).
 void check_quantize(detail::Backend& backend, const QuantCase& c, const HostTensor* offsets_override = nullptr) {
   SCOPED_TRACE(describe(c));
-  MXMOE_SKIP_UNLESS_SERVED(backend, (detail::StepQuery{detail::Step::quantize, kGpu0, Recipe::mxfp8, 0, c.k}));
+  const detail::StepQuery q{detail::Step::quantize, kGpu0, Recipe::mxfp8, 0, c.k};
+  MXMOE_SKIP_UNLESS_SERVED(backend, backend.probe(q));
   HostTensor offsets = offsets_override ? *offsets_override : offsets_from_sizes(c.sizes);
   const int64_t experts = c.grouped ? offsets.numel() - 1 : 1;
   int64_t m = c.rows;
@@ -294,10 +295,12 @@ void expect_same_values(const HostTensor& gpu, const HostTensor& cpu, const std:
   EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << gpu.numel() << " values differ";
 }
 
-void check_dequantize(detail::Backend& backend, BlockAxis axis, ScaleLayout layout, DType out, const std::vector<int>& sizes, int64_t k) {
+void check_dequantize(detail::Backend& backend, BlockAxis axis, ScaleLayout layout, DType out,
+                      const std::vector<int>& sizes, int64_t k) {
   SCOPED_TRACE(std::string(axis == BlockAxis::row ? "row" : "col") + " " + layout_name(layout) +
                (out == DType::f32 ? " f32" : " bf16") + " K=" + std::to_string(k));
-  MXMOE_SKIP_UNLESS_SERVED(backend, (detail::StepQuery{detail::Step::dequantize, kGpu0, Recipe::mxfp8, 0, k}));
+  const detail::StepQuery q{detail::Step::dequantize, kGpu0, Recipe::mxfp8, 0, k};
+  MXMOE_SKIP_UNLESS_SERVED(backend, backend.probe(q));
   HostTensor offsets = offsets_from_sizes(sizes);
   const int64_t experts = static_cast<int64_t>(sizes.size());
   const int64_t m = offsets.ptr<int32_t>()[experts];
@@ -346,6 +349,8 @@ TEST_P(GpuQuant, DequantizeOfQuantizeRoundTripsThroughBothBackends) {
   const std::vector<int> sizes = shuffled({0, 1, 31, 32, 33, 127, 128, 129, 1000, 0, 257});
   HostTensor offsets = offsets_from_sizes(sizes);
   const int64_t m = offsets.ptr<int32_t>()[sizes.size()], k = 1408, experts = static_cast<int64_t>(sizes.size());
+  MXMOE_SKIP_UNLESS_SERVED(backend(), backend().probe({detail::Step::quantize, kGpu0, Recipe::mxfp8, 0, k}));
+  MXMOE_SKIP_UNLESS_SERVED(backend(), backend().probe({detail::Step::dequantize, kGpu0, Recipe::mxfp8, 0, k}));
   HostTensor src = make_input(m, k);
   DeviceTensor d_src(src), d_offsets(offsets);
   MxOut col(m, k, colwise_scale_bytes(m, k, experts));
@@ -366,11 +371,12 @@ TEST_P(GpuQuant, DequantizeOfQuantizeRoundTripsThroughBothBackends) {
 }
 
 #if defined(MXMOE_WITH_CUDA)
-void check_quantize_experts(detail::Backend& backend, int64_t experts, int64_t rows, int64_t cols, BlockAxis axis, ScaleLayout layout) {
+void check_quantize_experts(detail::Backend& backend, int64_t experts, int64_t rows, int64_t cols, BlockAxis axis,
+                            ScaleLayout layout) {
   SCOPED_TRACE(std::string(axis == BlockAxis::row ? "row" : "col") + " " + layout_name(layout) +
                " E=" + std::to_string(experts) + " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols));
-  MXMOE_SKIP_UNLESS_SERVED(backend,
-                           (detail::StepQuery{detail::Step::quantize_experts, kGpu0, Recipe::mxfp8, rows, cols}));
+  const detail::StepQuery q{detail::Step::quantize_experts, kGpu0, Recipe::mxfp8, rows, cols};
+  MXMOE_SKIP_UNLESS_SERVED(backend, backend.probe(q));
   const int64_t per = axis == BlockAxis::row ? rowwise_scale_bytes(rows, cols) : colwise_matrix_scale_bytes(rows, cols);
   HostTensor dense = make_input(experts * rows, cols);
   dense.view = TensorView::of(dense.bytes.data(), DType::bf16, {experts, rows, cols});
@@ -432,6 +438,7 @@ TEST_P(GpuQuant, GraphReplayWithNewDeviceOffsetsGivesNewResult) {
   // One capture; the offsets' contents change between replays. A host read of the offsets at
   // capture time would freeze the first split into the graph.
   const int64_t k = 1408;
+  MXMOE_SKIP_UNLESS_SERVED(backend(), backend().probe({detail::Step::quantize, kGpu0, Recipe::mxfp8, 0, k}));
   const std::vector<int> first = shuffled({0, 1, 31, 32, 33, 127, 128, 129, 500, 0});
   int total = 0;
   for (int s : first) total += s;
@@ -482,6 +489,7 @@ TEST_P(GpuQuant, QuantizeBandwidthOnALargeInput) {
 #if defined(MXMOE_WITH_CUDA)
   // Reported, not asserted: effective bandwidth = (2 B read + 2 x 1 B written) per element.
   const int64_t m = 32768, k = 7168, experts = 32;
+  MXMOE_SKIP_UNLESS_SERVED(backend(), backend().probe({detail::Step::quantize, kGpu0, Recipe::mxfp8, 0, k}));
   std::vector<int> sizes(experts, static_cast<int>(m / experts));
   HostTensor offsets = offsets_from_sizes(sizes);
   HostTensor src = random_bf16({m, k});

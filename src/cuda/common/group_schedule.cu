@@ -2,8 +2,8 @@
 // offsets and makes them monotone, exclusive sum-scans give each expert its first m-tile and its
 // column-wise scale chunk row, then every linear m-tile finds its expert by binary search. E and T
 // of any size (chunked scans with a carry).
-// Run: mxmoe_gpu_tests --gtest_filter='*GpuQuant*:*GpuGemm*:*GpuGraph*' (every grouped step builds
-//      one; the graph test replays a capture with new splits).
+// Run: <build>/tests/mxmoe_gpu_tests --gtest_filter='*GpuQuant*:*GpuGemm*:*GpuGraph*' (every
+//      grouped step builds one; the graph tests replay one capture with new splits).
 #include "mxmoe/mxfp8_layout.h"
 #include "src/cuda/common/block_scan.cuh"
 #include "src/cuda/common/check.h"
@@ -92,7 +92,8 @@ int64_t group_schedule_bytes(int64_t experts, int64_t rows, int block_m) {
   if (experts <= 0) return 0;
   int64_t bytes = Workspace::aligned(experts * static_cast<int64_t>(sizeof(GroupInfo))) +
                   Workspace::aligned(static_cast<int64_t>(sizeof(int32_t)));
-  if (block_m > 0) bytes += Workspace::aligned(m_tiles_bound(rows, experts, block_m) * static_cast<int64_t>(sizeof(TileInfo)));
+  if (block_m > 0)
+    bytes += Workspace::aligned(m_tiles_bound(rows, experts, block_m) * static_cast<int64_t>(sizeof(TileInfo)));
   return bytes;
 }
 
@@ -107,9 +108,8 @@ GroupSchedule build_group_schedule(const int32_t* offsets, int64_t experts, int6
     s.tiles_bound = m_tiles_bound(rows, experts, block_m);
     tiles = ws.take<TileInfo>(s.tiles_bound);
   }
-  build_group_schedule_kernel<<<1, kBuildThreads, 0, stream>>>(offsets, static_cast<int>(experts),
-                                                               static_cast<int>(rows), block_m, groups, tiles,
-                                                               s.tiles_bound, tile_count);
+  build_group_schedule_kernel<<<1, kBuildThreads, 0, stream>>>(
+      offsets, static_cast<int>(experts), static_cast<int>(rows), block_m, groups, tiles, s.tiles_bound, tile_count);
   MXMOE_CUDA_CHECK_LAUNCH();
   s.groups = groups;
   s.tiles = tiles;

@@ -10,7 +10,8 @@
 // Users: the column-wise quantizer (block_m 32), the portable GEMMs (128), the Hopper GEMMs (64/128)
 // and the k-grouped GEMM (block_m 0: row ranges and scale chunks only).
 // Bad offsets (out of [0, T], decreasing) are clamped to [0, T] and made monotone by a prefix max:
-// wrong groups, never an out-of-bounds access.
+// wrong groups, never an out-of-bounds access (docs/numerics.md "Determinism and graph safety";
+// s_e: "Grouped scale placement").
 #pragma once
 #include <cuda_runtime.h>
 
@@ -36,9 +37,9 @@ struct alignas(8) TileInfo {
 struct GroupSchedule {
   const GroupInfo* groups = nullptr;    // [experts]; nullptr: no schedule (no offsets or E = 0)
   const TileInfo* tiles = nullptr;      // [tiles_bound]; nullptr when built with block_m = 0
-  const int32_t* tile_count = nullptr;  // device: the real number of m-tiles (<= tiles_bound)
+  const int32_t* tile_count = nullptr;  // device: the real number of m-tiles (<= tiles_bound; 0 without tiles)
   int32_t experts = 0;
-  int32_t tiles_bound = 0;              // ceil(T / block_m) + E, 0 without tiles
+  int32_t tiles_bound = 0;  // ceil(T / block_m) + E, 0 without tiles
   int32_t block_m = 0;
 };
 

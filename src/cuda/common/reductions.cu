@@ -1,7 +1,8 @@
 // Fixed-order reductions (reductions.h). Every output element is summed by one thread (or one warp
 // with a fixed shuffle tree) over its partials in index order, so results are bit-identical from
 // run to run.
-// Run: mxmoe_gpu_tests --gtest_filter='*GpuGluBackward*:*GpuFc2BiasGrads*' (bit-identical repeats).
+// Run: <build>/tests/mxmoe_gpu_tests --gtest_filter='*GpuGluBackward*:*GpuFc2BiasGrads*'
+//      (CPU reference and bit-identical repeats).
 #include "mxmoe/numerics.h"
 #include "src/cuda/common/check.h"
 #include "src/cuda/common/reductions.h"

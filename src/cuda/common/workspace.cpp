@@ -7,7 +7,8 @@
 namespace mxmoe::cuda {
 
 Workspace::Workspace(int64_t bytes, cudaStream_t stream) : size_(bytes), stream_(stream) {
-  if (bytes > 0) MXMOE_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&base_), static_cast<size_t>(bytes), stream));
+  if (bytes > 0)
+    MXMOE_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&base_), static_cast<size_t>(bytes), stream));
 }
 
 Workspace::~Workspace() {

@@ -1,5 +1,5 @@
-// GLU epilogues of the m-grouped GEMM (activation, its derivative and what is rounded to bf16 where:
-// docs/numerics.md, GLU epilogue section).
+// GLU epilogues of the m-grouped GEMM (docs/numerics.md "GLU layouts", "SwiGLU", "Clamped SwiGLU",
+// "Activation precision", "Router probabilities", "Biases").
 //
 // glu_forward: the CTA's 128 GEMM columns are 64 GLU features f0..f0+63 arranged so that warp wn's
 // 32 columns are a-columns of features f0+16wn.. (fragments ni = 0, 1) followed by the b-columns of

@@ -6,8 +6,8 @@
 //   one MXFP8 block. D_e: f32 (beta 0/1) or bf16, dense [E, M, N] or per-expert pointers.
 // Grid: (m-tile x n-tile, expert); each CTA loops over its expert's tokens. Empty experts write
 // zeros (beta 0) or leave D_e untouched (beta 1).
-// Run: mxmoe_gpu_tests --gtest_filter='*GpuGemmK*' (correctness, per backend); mxmoe bench (the
-//      fc1_wgrad / fc2_wgrad rows).
+// Run: <build>/tests/mxmoe_gpu_tests --gtest_filter='*GpuGemmK*' (correctness, per backend);
+//      mxmoe bench (its fc1_wgrad / fc2_wgrad rows).
 #pragma once
 #include "src/cuda/common/check.h"
 #include "src/cuda/portable/mainloop.cuh"

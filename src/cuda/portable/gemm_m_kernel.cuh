@@ -6,7 +6,7 @@
 // Grid: one CTA per (linear m-tile, n-tile) over the upper bound ceil(T/128) + E of m-tiles, grouped
 // by kGroupM m-tiles so that CTAs running together share A and B tiles in L2. Each CTA reads its
 // (expert, first row) from the device-built schedule and exits if it is past the real tile count.
-// Run: mxmoe_gpu_tests --gtest_filter='*GpuGemmM*:*GpuGlu*' (correctness, per backend);
+// Run: <build>/tests/mxmoe_gpu_tests --gtest_filter='*GpuGemmM*:*GpuGlu*' (correctness, per backend);
 //      mxmoe bench (every step's time, fc1_fprop / fc2_fprop / fc1_dgrad / fc2_dgrad are this kernel).
 #pragma once
 #include "src/cuda/common/check.h"

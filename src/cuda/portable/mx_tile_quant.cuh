@@ -1,10 +1,10 @@
-// MXFP8 quantization of a bf16 tile staged in shared memory (fused epilogues; block scales, E4M3
-// rounding and the column-wise scale layout as docs/numerics.md describes them):
+// MXFP8 quantization of a bf16 tile staged in shared memory (fused epilogues; docs/numerics.md
+// "Scale rule", "E4M3 cast", "Group restarts", "Grouped scale placement"):
 // row-wise 1x32 blocks along the tile's columns and column-wise 32x1 blocks along its rows. Column
 // blocks restart at each group's first row; the caller's tile starts at a group-relative row that is
 // a multiple of 32, so every column block of the tile lies inside it (the group's last one may be
-// partial: its amax covers only existing rows). Values are already bf16 (the activation is rounded to
-// bf16 before it is quantized, docs/numerics.md), scales are
+// partial: its amax covers only existing rows). Values are already bf16 (docs/numerics.md "Quantized
+// value"), scales are
 // e8m0_from_amax (rounded up), data are RNE saturating E4M3 of x * 2^(127-e): bit-identical to the
 // standalone quantizer for the same bf16 values.
 #pragma once

@@ -5,7 +5,7 @@
 //      in quantize), compact or swizzled scale layout.
 // Out: dst [M, K] f32, or bf16 (round to nearest even) = e4m3_to_f32(q) * e8m0_to_f32(e).
 // Same 32 x 128 tile as quantize (4 rows x 8 columns per thread); no shared memory.
-// Run: mxmoe_gpu_tests --gtest_filter='*GpuQuant.Dequantize*'
+// Run: <build>/tests/mxmoe_gpu_tests --gtest_filter='*GpuQuant.Dequantize*'
 #include "src/cuda/common/check.h"
 #include "src/cuda/cuda_ops.h"
 #include "src/cuda/quant/quant_tile.cuh"

@@ -77,7 +77,9 @@ inline int64_t row_tiles_workspace_bytes(const GroupOffsets& groups, int64_t row
 }
 inline RowTiles row_tiles(const GroupOffsets& groups, int64_t rows, Workspace& ws, cudaStream_t stream) {
   RowTiles t;
-  if (groups.offsets.data != nullptr) t.sched = build_group_schedule(groups.data(), groups.experts(), rows, kTileRows, ws, stream);
+  if (groups.offsets.data != nullptr) {
+    t.sched = build_group_schedule(groups.data(), groups.experts(), rows, kTileRows, ws, stream);
+  }
   t.count = t.sched.tiles != nullptr ? t.sched.tiles_bound : ceil_div(rows, kTileRows);
   return t;
 }

@@ -6,7 +6,7 @@
 // Stream order: memset of the scale buffers (padding and the unused tail rows of the column-wise
 // capacity, whose position depends on the device offsets) -> group-schedule kernel (grouped
 // column-wise only) -> quantize kernel. No host synchronisation, so it can be captured in a CUDA graph.
-// Run: mxmoe_gpu_tests --gtest_filter='*GpuQuant*'
+// Run: <build>/tests/mxmoe_gpu_tests --gtest_filter='*GpuQuant*'
 #include <string>
 
 #include "src/cuda/common/check.h"

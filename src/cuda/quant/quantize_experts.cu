@@ -3,7 +3,7 @@
 // [E, rows, cols] plus scales [E, bytes]: row-wise (1x32 blocks along cols, rowwise_scale_bytes
 // per expert) or column-wise (32x1 blocks along rows, each matrix one group of `rows`,
 // colwise_matrix_scale_bytes per expert). Same kernel as cuda::quantize, one grid row per expert.
-// Run: mxmoe_gpu_tests --gtest_filter='*GpuQuant.QuantizeExperts*'
+// Run: <build>/tests/mxmoe_gpu_tests --gtest_filter='*GpuQuant.QuantizeExperts*'
 #include "src/cuda/common/check.h"
 #include "src/cuda/cuda_ops.h"
 #include "src/cuda/quant/quantize_kernel.cuh"

@@ -10,7 +10,7 @@
 // across the 8 row groups through 4 KiB of shared memory, then writes both outputs.
 // Numerics are those of mxmoe/numerics.h (bit-exact with src/cpu/quant.cpp). Scale padding is
 // zeroed by the host wrapper (cudaMemsetAsync) before the launch.
-// Run: mxmoe_gpu_tests --gtest_filter='*GpuQuant*'
+// Run: <build>/tests/mxmoe_gpu_tests --gtest_filter='*GpuQuant*'
 #pragma once
 #include "src/common/experts.h"
 #include "src/cuda/quant/quant_tile.cuh"

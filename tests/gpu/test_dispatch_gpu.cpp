@@ -45,8 +45,29 @@ TEST(GpuDispatch, ForcingPortableRunsItAndForcingCpuOnDeviceDataIsAnError) {
     EXPECT_EQ(e.argument(), "options.backend");
     EXPECT_NE(std::string(e.what()).find("cpu"), std::string::npos);
   }
-  Context sm90(Options{.backend = "cuda_sm90"});
-  EXPECT_THROW(run_layer(sm90, Device{DeviceType::cuda, 0}, d), Error);
+}
+
+// Forcing cuda_sm90: on Hopper it serves every step of a BF16 layer without biases; an MXFP8
+// layer needs quantizers it does not have, so forcing it there is an error naming the step and why.
+TEST(GpuDispatch, ForcingSm90RunsTheBf16LayerOnItAndRefusesMxfp8WithTheReason) {
+  MXMOE_REQUIRE_GPU();
+  Context probe;
+  bool sm90 = false;
+  std::string why;
+  for (const BackendInfo& b : probe.backends(Device{DeviceType::cuda, 0}))
+    if (b.name == "cuda_sm90") sm90 = b.available, why = b.reason;
+  if (!sm90) GTEST_SKIP() << "GPU test skipped: cuda_sm90 unavailable: " << why;
+  LayerData d = make_layer_data(small(Recipe::bf16), {20, 7, 44});
+  Context forced(Options{.backend = "cuda_sm90"});
+  LayerOutputs o = run_layer(forced, Device{DeviceType::cuda, 0}, d);
+  for (const StepRecord& r : o.report) EXPECT_EQ(r.backend, "cuda_sm90") << r.step;
+  LayerData m = make_layer_data(small(Recipe::mxfp8), {20, 7, 44});
+  try {
+    run_layer(forced, Device{DeviceType::cuda, 0}, m);
+    FAIL() << "forcing cuda_sm90 on an MXFP8 layer should fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda_sm90"), std::string::npos) << e.what();
+  }
 }
 
 TEST(GpuDispatch, DenyingPortableLeavesNoGpuPathAndSaysSo) {

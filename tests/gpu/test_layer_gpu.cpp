@@ -5,6 +5,7 @@
 // exactness properties that must hold on the device: repeated runs, dense vs per-expert, deferred
 // wgrad, main-grad accumulation.
 // Run: <build>/tests/mxmoe_gpu_tests --gtest_filter='*GpuLayer*'
+#include <iostream>
 #include <gtest/gtest.h>
 
 #include "tests/layer_support.h"
@@ -95,7 +96,19 @@ TEST_P(GpuLayer, DensePerExpertAndDeferredWgradAreBitIdentical) {
     LayerData dp = d;
     dp.problem.weight_layout = WeightLayout::per_expert;
     LayerOutputs per = run_layer(gpu, Device{DeviceType::cuda, 0}, dp);
-    expect_bit_identical(dense, per, p, "dense vs per_expert");
+    // A backend that refuses per-expert weight pointers (cuda_sm90 reads one dense tensor through
+    // TMA) hands those steps to the next backend, whose partial sums run in another order: then the
+    // two layouts agree at the same-points tolerance instead of bit for bit.
+    bool same_backends = dense.report.size() == per.report.size();
+    for (size_t i = 0; same_backends && i < dense.report.size(); ++i)
+      same_backends = dense.report[i].backend == per.report[i].backend;
+    if (same_backends) {
+      expect_bit_identical(dense, per, p, "dense vs per_expert");
+    } else {
+      std::cout << "[ NOTE     ] " << to_string(r) << ": per-expert weights ran some steps on another backend; "
+                << "compared at the same-points tolerance\n";
+      expect_close(per, dense, p, "dense vs per_expert (other backend)");
+    }
     RunConfig deferred;
     deferred.deferred_wgrad = true;
     LayerOutputs later = run_layer(gpu, Device{DeviceType::cuda, 0}, d, deferred);

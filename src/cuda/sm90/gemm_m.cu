@@ -64,6 +64,11 @@ std::string gemm_m_refusal(const detail::MGemmStep& s) {
     return "an operand's address is not 16-byte aligned (TMA)";
   if (s.epilogue == detail::Epilogue::glu_forward && s.out_bf16.data == nullptr)
     return "glu_forward without a BF16 output";
+  if (s.epilogue == detail::Epilogue::glu_forward && g.b_kn)
+    return "glu_forward with B_e as [K, N]: the sm90 kernel reads W1 as [2F, K] (the layer's layout)";
+  if (s.epilogue == detail::Epilogue::glu_backward && !g.b_kn)
+    return "glu_backward with B_e as [N, K]: the sm90 kernel reads W2 as [K, N] (the layer's layout)";
+  if (s.epilogue == detail::Epilogue::store && g.d.data == nullptr) return "store epilogue without an output";
   return {};
 }
 

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "src/cuda/common/check.h"
+#include "src/cuda/sm90/gemm_m_plan.h"
 #include "src/cuda/sm90/launch.cuh"
 #include "src/cuda/sm90/tensor_map.h"
 
@@ -24,40 +25,52 @@ std::string gemm_k_refusal(const KGroupedGemmArgs& a) {
   return {};
 }
 
-void gemm_k(const KGroupedGemmArgs& a, void* stream_ptr) {
-  const cudaStream_t stream = as_stream(stream_ptr);
-  const std::string why = gemm_k_refusal(a);
-  if (!why.empty()) throw Error("cuda_sm90", why);
+namespace {
+constexpr int64_t kStandIn = 256;
+}  // namespace
+
+int64_t gemm_k_workspace_bytes(const KGroupedGemmArgs& a) {
+  return group_schedule_bytes(a.offsets.experts(), a.a.bf16.shape[0], 0) + Workspace::aligned(kStandIn);
+}
+
+KPlan plan_gemm_k(const KGroupedGemmArgs& a, int bn, Workspace& ws, cudaStream_t stream) {
   const TensorView& av = a.a.bf16;
   const TensorView& bv = a.b.bf16;
   const int64_t rows = av.shape[0], m = av.shape[1], n = bv.shape[1], experts = a.offsets.experts();
-  if (experts <= 0 || m == 0 || n == 0) return;
-
-  KernelParams p;
+  KPlan plan;
+  KernelParams& p = plan.params;
+  if (experts <= 0 || m == 0 || n == 0) return plan;
   p.experts = static_cast<int32_t>(experts);
   p.rows = rows;
   p.m = m;
   p.n = n;
   p.m_tiles = static_cast<int32_t>((m + kBlockM - 1) / kBlockM);
-  p.n_tiles = static_cast<int32_t>((n + kWgradN - 1) / kWgradN);
+  p.n_tiles = static_cast<int32_t>((n + bn - 1) / bn);
   const DType out_dt = a.d.per_expert() ? a.d.dtype : a.d.dense.dtype;
   p.d_f32 = out_dt == DType::f32;
   p.accumulate = a.accumulate && p.d_f32;
   p.d_experts = expert_ptrs(a.d, m * n, p.d_f32 ? 4 : 2);
-
-  constexpr int64_t kStandIn = 256;
-  Workspace ws(group_schedule_bytes(experts, rows, 0) + Workspace::aligned(kStandIn), stream);
   p.sched = build_group_schedule(a.offsets.data(), experts, rows, 0, ws, stream);
   // T = 0 has no tensor to map; every group is then empty and the kernel only writes zeros (or
   // nothing), so the maps point at a one-row stand-in that no TMA ever reads.
   char* stand_in = ws.take<char>(kStandIn);
   const bool empty = rows == 0;
   const uint64_t T = empty ? 1 : static_cast<uint64_t>(rows);
-  const CUtensorMap ma = make_tensor_map_bf16("a", empty ? stand_in : av.data, {empty ? 64 : static_cast<uint64_t>(m), T},
-                                              {empty ? 128 : static_cast<uint64_t>(m) * 2}, {64, kBlockK});
-  const CUtensorMap mb = make_tensor_map_bf16("b", empty ? stand_in : bv.data, {empty ? 64 : static_cast<uint64_t>(n), T},
-                                              {empty ? 128 : static_cast<uint64_t>(n) * 2}, {64, kBlockK});
-  launch<Wgrad>(p, static_cast<int64_t>(experts) * ((p.m_tiles + 1) / 2) * p.n_tiles, ma, mb, mb, stream);
+  plan.a = make_tensor_map_bf16("a", empty ? stand_in : av.data, {empty ? 64 : static_cast<uint64_t>(m), T},
+                                {empty ? 128 : static_cast<uint64_t>(m) * 2}, {64, kBlockK});
+  plan.b = make_tensor_map_bf16("b", empty ? stand_in : bv.data, {empty ? 64 : static_cast<uint64_t>(n), T},
+                                {empty ? 128 : static_cast<uint64_t>(n) * 2}, {64, kBlockK});
+  plan.launch_tiles = static_cast<int64_t>(experts) * p.m_tiles * p.n_tiles;
+  return plan;
+}
+
+void gemm_k(const KGroupedGemmArgs& a, void* stream_ptr) {
+  const cudaStream_t stream = as_stream(stream_ptr);
+  const std::string why = gemm_k_refusal(a);
+  if (!why.empty()) throw Error("cuda_sm90", why);
+  Workspace ws(gemm_k_workspace_bytes(a), stream);
+  const KPlan plan = plan_gemm_k(a, kWgradN, ws, stream);
+  launch<Wgrad>(plan.params, plan.launch_tiles, plan.a, plan.b, plan.b, stream);
 }
 
 }  // namespace mxmoe::cuda::sm90

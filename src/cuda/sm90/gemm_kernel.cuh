@@ -29,7 +29,7 @@ inline constexpr int kThreads = 384;
 inline constexpr int kConsumerThreads = 256;
 inline constexpr int kSmemLimit = 227 * 1024;
 
-template <int BN_, Major AMajor_, Major BMajor_, Grouping G_, Epi E_>
+template <int BN_, Major AMajor_, Major BMajor_, Grouping G_, Epi E_, int Cluster_ = 1>
 struct KernelConfig {
   static constexpr int kBlockN = BN_;
   static constexpr Major kAMajor = AMajor_, kBMajor = BMajor_;
@@ -47,8 +47,9 @@ struct KernelConfig {
   static constexpr int kSmemBytes = kReserved + kEpiBytes + kStages * kStageBytes;
   // CTA pairs along M can share (multicast) the B tile (2/3 of the bytes a 128 x 256 tile reads per
   // k-block). Measured on the H200 (docs/kernels/sm90_gemm.md) the pairs ran slower than single CTAs
-  // (FC1 dsv3 412 vs 514 TFLOP/s), so the kernels run with 1 until that is understood.
-  static constexpr int kCluster = 1;
+  // (FC1 dsv3 412 vs 514 TFLOP/s), so the layer's kernels use 1; bench/sm90_kernels.cu times both.
+  static constexpr int kCluster = Cluster_;
+  static_assert(Cluster_ == 1 || Cluster_ == 2, "clusters of 1 or 2 CTAs along M");
   static_assert(kStages >= 2, "tile too large for the shared-memory ring");
   static_assert(BN_ % 64 == 0 && BN_ <= 256, "BN must be 64, 128, 192 or 256");
   static_assert(E_ != Epi::glu_forward || BMajor_ == Major::k, "glu_forward reads B_e [2F, K]");

@@ -10,6 +10,7 @@
 
 #include "src/cuda/common/check.h"
 #include "src/cuda/common/reductions.h"
+#include "src/cuda/sm90/gemm_m_plan.h"
 #include "src/cuda/sm90/launch.cuh"
 #include "src/cuda/sm90/tensor_map.h"
 
@@ -72,22 +73,47 @@ std::string gemm_m_refusal(const detail::MGemmStep& s) {
   return {};
 }
 
-void gemm_m(const detail::MGemmStep& s, void* stream_ptr) {
-  const cudaStream_t stream = as_stream(stream_ptr);
-  const std::string why = gemm_m_refusal(s);
-  if (!why.empty()) throw Error("cuda_sm90", why);
+int default_block_n(const detail::MGemmStep& s) {
+  if (s.epilogue == detail::Epilogue::glu_forward) return kWideN;
+  if (s.epilogue == detail::Epilogue::glu_backward) return kNarrowN;
+  return gemm_width(s) > kNarrowN ? kWideN : kNarrowN;
+}
+
+namespace {
+int32_t out_tiles(const detail::MGemmStep& s, int bn) {
+  const bool glu_fwd = s.epilogue == detail::Epilogue::glu_forward;
+  const int64_t out_cols = glu_fwd ? s.ffn : gemm_width(s);  // features (glu_forward: BN/2 per tile) or columns
+  const int64_t per_tile = glu_fwd ? bn / 2 : bn;
+  return static_cast<int32_t>((out_cols + per_tile - 1) / per_tile);
+}
+int64_t dprob_floats(const detail::MGemmStep& s, int bn) {
+  const bool want = s.epilogue == detail::Epilogue::glu_backward && s.dprobs.data != nullptr;
+  return want ? static_cast<int64_t>(out_tiles(s, bn)) * s.gemm.a.bf16.shape[0] : 0;
+}
+int64_t db1_floats(const detail::MGemmStep& s) {
+  const bool want = s.epilogue == detail::Epilogue::glu_backward && s.db1.dst.data != nullptr;
+  const int64_t rows = s.gemm.a.bf16.shape[0], experts = s.gemm.offsets.experts();
+  return want ? static_cast<int64_t>(m_tiles_bound(rows, experts, kBlockM)) * 2 * s.ffn : 0;
+}
+}  // namespace
+
+int64_t gemm_m_workspace_bytes(const detail::MGemmStep& s, int bn) {
+  const int64_t rows = s.gemm.a.bf16.shape[0], experts = s.gemm.offsets.experts();
+  return group_schedule_bytes(experts, rows, kBlockM) + Workspace::aligned(dprob_floats(s, bn) * 4) +
+         Workspace::aligned(db1_floats(s) * 4);
+}
+
+MPlan plan_gemm_m(const detail::MGemmStep& s, int bn, Workspace& ws, cudaStream_t stream) {
   const MGroupedGemmArgs& g = s.gemm;
   const TensorView& av = g.a.bf16;
   const int64_t rows = av.shape[0], k = av.shape[1], experts = g.offsets.experts();
   const int64_t n = gemm_width(s);
-  if (experts <= 0) return;
-
   const bool glu_fwd = s.epilogue == detail::Epilogue::glu_forward;
   const bool glu_bwd = s.epilogue == detail::Epilogue::glu_backward;
-  const bool wide = glu_fwd || (!glu_bwd && n > kNarrowN);
-  const int bn = wide ? kWideN : kNarrowN;
 
-  KernelParams p;
+  MPlan plan;
+  plan.bn = bn;
+  KernelParams& p = plan.params;
   p.experts = static_cast<int32_t>(experts);
   p.rows = rows;
   p.n = n;
@@ -100,77 +126,92 @@ void gemm_m(const detail::MGemmStep& s, void* stream_ptr) {
   p.bias_by_probs = s.bias_scale_by_probs;
   p.d = g.d.data;
   p.d_f32 = g.d.dtype == DType::f32;
-  const int64_t out_cols = glu_fwd ? s.ffn : n;  // features (glu_forward: BN/2 per tile) or columns
-  const int64_t out_per_tile = glu_fwd ? bn / 2 : bn;
-  p.n_tiles = static_cast<int32_t>((out_cols + out_per_tile - 1) / out_per_tile);
+  p.n_tiles = out_tiles(s, bn);
   if (glu_fwd) p.c_out = s.c.ptr<uint16_t>();
   if (glu_bwd) p.c_in = s.c.ptr<const uint16_t>();
-  if (!(s.epilogue == detail::Epilogue::store)) p.out_bf16 = s.out_bf16.ptr<uint16_t>();
+  if (s.epilogue != detail::Epilogue::store) p.out_bf16 = s.out_bf16.ptr<uint16_t>();
+  if (experts <= 0) return plan;
 
-  const int32_t tiles_bound = m_tiles_bound(rows, experts, kBlockM);
-  const bool want_dprob = glu_bwd && s.dprobs.data != nullptr;
-  const bool want_db1 = glu_bwd && s.db1.dst.data != nullptr;
-  const int64_t dprob_floats = want_dprob ? static_cast<int64_t>(p.n_tiles) * rows : 0;
-  const int64_t db1_floats = want_db1 ? static_cast<int64_t>(tiles_bound) * 2 * s.ffn : 0;
-  Workspace ws(group_schedule_bytes(experts, rows, kBlockM) + Workspace::aligned(dprob_floats * 4) +
-                   Workspace::aligned(db1_floats * 4),
-               stream);
   p.sched = build_group_schedule(g.offsets.data(), experts, rows, kBlockM, ws, stream);
-  if (want_dprob) {
-    p.ws_dprob = ws.take<float>(dprob_floats);
+  if (const int64_t nd = dprob_floats(s, bn); nd > 0) {
+    p.ws_dprob = ws.take<float>(nd);
     // Rows outside every group (only with bad offsets) then still read defined zeros.
-    MXMOE_CUDA_CHECK(cudaMemsetAsync(p.ws_dprob, 0, static_cast<size_t>(dprob_floats) * 4, stream));
+    MXMOE_CUDA_CHECK(cudaMemsetAsync(p.ws_dprob, 0, static_cast<size_t>(nd) * 4, stream));
   }
-  if (want_db1) p.ws_db1 = ws.take<float>(db1_floats);
+  if (const int64_t nb = db1_floats(s); nb > 0) p.ws_db1 = ws.take<float>(nb);
+  if (rows == 0) return plan;
 
-  if (rows > 0) {
-    const uint64_t K = static_cast<uint64_t>(k), E = static_cast<uint64_t>(experts);
-    const CUtensorMap ma = make_tensor_map_bf16("gemm.a", av.data, {K, static_cast<uint64_t>(rows)}, {K * 2},
-                                                {kBlockK, kBlockM});
-    const void* w = g.b.data.dense.data;
-    CUtensorMap mb0{}, mb1{};
-    // Upper bound of the tile pairs (the real count is read on the device).
-    const int64_t launch_tiles = static_cast<int64_t>((tiles_bound + 1) / 2) * p.n_tiles;
-    if (glu_fwd) {
-      const uint64_t F = static_cast<uint64_t>(s.ffn);
-      const char* lin = static_cast<const char*>(w);
-      if (s.glu_layout == GluLayout::halves) {
-        p.b_load = BLoad::glu_halves;
-        mb0 = make_tensor_map_bf16("gemm.b", w, {K, F, E}, {K * 2, 2 * F * K * 2}, {kBlockK, kWideN / 2, 1});
-        mb1 = make_tensor_map_bf16("gemm.b", lin + F * K * 2, {K, F, E}, {K * 2, 2 * F * K * 2},
-                                   {kBlockK, kWideN / 2, 1});
-      } else {
-        p.b_load = BLoad::glu_interleave32;
-        const uint64_t I = kGluInterleave;
-        mb0 = make_tensor_map_bf16("gemm.b", w, {K, I, F / I, E}, {K * 2, 2 * I * K * 2, 2 * F * K * 2},
-                                   {kBlockK, static_cast<uint32_t>(I), kWideN / 2 / kGluInterleave, 1});
-        mb1 = make_tensor_map_bf16("gemm.b", lin + I * K * 2, {K, I, F / I, E}, {K * 2, 2 * I * K * 2, 2 * F * K * 2},
-                                   {kBlockK, static_cast<uint32_t>(I), kWideN / 2 / kGluInterleave, 1});
-      }
-      launch<GluFwd>(p, launch_tiles, ma, mb0, mb1, stream);
-    } else if (g.b_kn) {
-      p.b_load = BLoad::mn_boxes;
-      const uint64_t N = static_cast<uint64_t>(n);
-      mb0 = make_tensor_map_bf16("gemm.b", w, {N, K, E}, {N * 2, K * N * 2}, {64, kBlockK, 1});
-      if (glu_bwd) launch<GluBwd>(p, launch_tiles, ma, mb0, mb0, stream);
-      else if (wide) launch<StoreKMN>(p, launch_tiles, ma, mb0, mb0, stream);
-      else launch<StoreKMNNarrow>(p, launch_tiles, ma, mb0, mb0, stream);
+  const uint64_t K = static_cast<uint64_t>(k), E = static_cast<uint64_t>(experts);
+  plan.a = make_tensor_map_bf16("gemm.a", av.data, {K, static_cast<uint64_t>(rows)}, {K * 2}, {kBlockK, kBlockM});
+  const void* w = g.b.data.dense.data;
+  const uint32_t half = static_cast<uint32_t>(bn / 2);  // B is loaded in two halves (pairs share them)
+  if (glu_fwd) {
+    const uint64_t F = static_cast<uint64_t>(s.ffn);
+    const char* lin = static_cast<const char*>(w);
+    if (s.glu_layout == GluLayout::halves) {
+      p.b_load = BLoad::glu_halves;
+      plan.b0 = make_tensor_map_bf16("gemm.b", w, {K, F, E}, {K * 2, 2 * F * K * 2}, {kBlockK, half, 1});
+      plan.b1 = make_tensor_map_bf16("gemm.b", lin + F * K * 2, {K, F, E}, {K * 2, 2 * F * K * 2}, {kBlockK, half, 1});
     } else {
-      p.b_load = BLoad::k_rows;
-      const uint64_t N = static_cast<uint64_t>(n);
-      mb0 = make_tensor_map_bf16("gemm.b", w, {K, N, E}, {K * 2, N * K * 2},
-                                 {kBlockK, static_cast<uint32_t>(bn / 2), 1});  // half tiles (pairs)
-      if (wide) launch<StoreKK>(p, launch_tiles, ma, mb0, mb0, stream);
-      else launch<StoreKKNarrow>(p, launch_tiles, ma, mb0, mb0, stream);
+      p.b_load = BLoad::glu_interleave32;
+      const uint64_t I = kGluInterleave;
+      const uint32_t chunks = half / kGluInterleave;
+      plan.b0 = make_tensor_map_bf16("gemm.b", w, {K, I, F / I, E}, {K * 2, 2 * I * K * 2, 2 * F * K * 2},
+                                     {kBlockK, static_cast<uint32_t>(I), chunks, 1});
+      plan.b1 = make_tensor_map_bf16("gemm.b", lin + I * K * 2, {K, I, F / I, E},
+                                     {K * 2, 2 * I * K * 2, 2 * F * K * 2},
+                                     {kBlockK, static_cast<uint32_t>(I), chunks, 1});
     }
+  } else if (g.b_kn) {
+    p.b_load = BLoad::mn_boxes;
+    const uint64_t N = static_cast<uint64_t>(n);
+    plan.b0 = make_tensor_map_bf16("gemm.b", w, {N, K, E}, {N * 2, K * N * 2}, {64, kBlockK, 1});
+    plan.b1 = plan.b0;
+  } else {
+    p.b_load = BLoad::k_rows;
+    const uint64_t N = static_cast<uint64_t>(n);
+    plan.b0 = make_tensor_map_bf16("gemm.b", w, {K, N, E}, {K * 2, N * K * 2}, {kBlockK, half, 1});
+    plan.b1 = plan.b0;
   }
+  // Upper bound of the tiles (pairs, for clusters of 2); the real count is read on the device.
+  plan.launch_tiles = static_cast<int64_t>(m_tiles_bound(rows, experts, kBlockM)) * p.n_tiles;
+  return plan;
+}
 
-  if (want_dprob)
-    launch_reduce_dprob(p.ws_dprob, p.n_tiles, rows, s.dprob_add.ptr<const float>(), s.dprobs.ptr<float>(), stream);
-  if (want_db1) {
+void finish_gemm_m(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t stream) {
+  const KernelParams& p = plan.params;
+  if (p.ws_dprob != nullptr)
+    launch_reduce_dprob(p.ws_dprob, p.n_tiles, p.rows, s.dprob_add.ptr<const float>(), s.dprobs.ptr<float>(), stream);
+  if (p.ws_db1 != nullptr) {
     const GradDst dst{s.db1.dst.data, s.db1.dst.dtype == DType::f32, s.db1.accumulate};
     launch_reduce_expert_tiles(p.ws_db1, 2 * s.ffn, p.sched, dst, stream);
   }
+}
+
+void gemm_m(const detail::MGemmStep& s, void* stream_ptr) {
+  const cudaStream_t stream = as_stream(stream_ptr);
+  const std::string why = gemm_m_refusal(s);
+  if (!why.empty()) throw Error("cuda_sm90", why);
+  if (s.gemm.offsets.experts() <= 0) return;
+  const int bn = default_block_n(s);
+  Workspace ws(gemm_m_workspace_bytes(s, bn), stream);
+  const MPlan plan = plan_gemm_m(s, bn, ws, stream);
+  const KernelParams& p = plan.params;
+  const bool wide = bn == kWideN;
+  switch (s.epilogue) {
+    case detail::Epilogue::glu_forward: launch<GluFwd>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream); break;
+    case detail::Epilogue::glu_backward: launch<GluBwd>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream); break;
+    case detail::Epilogue::store:
+      if (s.gemm.b_kn) {
+        if (wide) launch<StoreKMN>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+        else launch<StoreKMNNarrow>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+      } else {
+        if (wide) launch<StoreKK>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+        else launch<StoreKKNarrow>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+      }
+      break;
+  }
+  finish_gemm_m(s, plan, stream);
 }
 
 }  // namespace mxmoe::cuda::sm90

@@ -1,5 +1,6 @@
-// Launch of one sm90 kernel configuration: a persistent grid of CTA pairs (clusters of
-// Cfg::kCluster), as many as can be resident at once, or fewer when there are fewer tile pairs.
+// Launch of one sm90 kernel configuration: a persistent grid of clusters of Cfg::kCluster CTAs, as
+// many as can be resident at once, or fewer when there are fewer tiles (tiles_bound: an upper bound
+// of the output tiles; the kernel reads the real count on the device).
 #pragma once
 #include <mutex>
 #include <vector>
@@ -42,9 +43,10 @@ int resident_clusters() {
 }
 
 template <class Cfg>
-void launch(const KernelParams& p, int64_t pairs_bound, const CUtensorMap& a, const CUtensorMap& b0,
+void launch(const KernelParams& p, int64_t tiles_bound, const CUtensorMap& a, const CUtensorMap& b0,
             const CUtensorMap& b1, cudaStream_t stream) {
-  if (pairs_bound <= 0) return;
+  if (tiles_bound <= 0) return;
+  const int64_t pairs_bound = (tiles_bound + Cfg::kCluster - 1) / Cfg::kCluster;  // grid size only
   auto kernel = grouped_gemm_kernel<Cfg>;
   const int clusters = resident_clusters<Cfg>();
   cudaLaunchConfig_t cfg{};

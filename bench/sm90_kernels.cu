@@ -1,0 +1,253 @@
+// Kernel benchmark of the sm90 grouped GEMMs: on one preset's shapes, times the configuration the
+// layer uses for each of its six GEMMs beside variants (CTA pairs sharing B by TMA multicast, the
+// other tile width, the same GEMM with a plain store epilogue) and checks that every variant writes
+// the same bytes as the layer's configuration (the accumulation order along K is the same in all of
+// them). It answers "where does the time go" questions in one GPU call; the layer-level comparison
+// with the peers is `mxmoe bench` + bench/peer_torch.py.
+// Build: cmake -DMXMOE_BUILD_KERNEL_BENCH=ON ... ; Run: <build>/mxmoe_sm90_kernels [dsv3|qwen3-30b|gptoss-120b|mixtral] [skew]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "src/api/layer_steps.h"
+#include "src/cuda/sm90/gemm_m_plan.h"
+#include "src/cuda/sm90/launch.cuh"
+#include "src/cuda/sm90/sm90_ops.h"
+
+namespace mxmoe::cuda::sm90 {
+namespace {
+
+#define BENCH_CHECK(x)                                                                   \
+  do {                                                                                   \
+    cudaError_t e_ = (x);                                                                \
+    if (e_ != cudaSuccess) {                                                             \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+struct Shape {
+  const char* name;
+  int64_t hidden, ffn, experts, tokens;
+};
+constexpr Shape kPresets[] = {{"dsv3", 7168, 2048, 32, 32768},
+                              {"qwen3-30b", 2048, 768, 128, 65536},
+                              {"gptoss-120b", 2880, 2880, 32, 32768},
+                              {"mixtral", 4096, 14336, 8, 16384}};
+
+__global__ void fill_bf16(uint16_t* p, size_t n, float scale, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
+    p[i] = bf16_from_f32((static_cast<float>(h & 0xFFFF) / 65536.0f - 0.5f) * 3.4f * scale);
+  }
+}
+
+struct Buf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit Buf(size_t n) : bytes(n) { BENCH_CHECK(cudaMalloc(&p, n + 256)); }
+  ~Buf() { cudaFree(p); }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+};
+
+TensorView tv(const Buf& b, DType t, std::initializer_list<int64_t> shape) {
+  return TensorView::of(b.p, t, shape, Device{DeviceType::cuda, 0});
+}
+
+float median_ms(const std::function<void()>& f, int iters = 10) {
+  f();
+  BENCH_CHECK(cudaDeviceSynchronize());
+  cudaEvent_t a, b;
+  cudaEventCreate(&a), cudaEventCreate(&b);
+  std::vector<float> t;
+  for (int i = 0; i < iters; ++i) {
+    cudaEventRecord(a);
+    f();
+    cudaEventRecord(b);
+    BENCH_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    t.push_back(ms);
+  }
+  cudaEventDestroy(a), cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+std::vector<uint8_t> snapshot(const Buf& b) {
+  std::vector<uint8_t> h(b.bytes);
+  BENCH_CHECK(cudaMemcpy(h.data(), b.p, b.bytes, cudaMemcpyDeviceToHost));
+  return h;
+}
+
+struct Row {
+  std::string gemm, variant;
+  float ms;
+  double flops;
+  std::string same;
+};
+std::vector<Row> rows;
+
+// Times `run` (which writes `out`), then compares `out` with `reference` (empty: this is the
+// reference) byte for byte.
+void measure(const std::string& gemm, const std::string& variant, double flops, const Buf& out,
+             std::vector<uint8_t>& reference, const std::function<void()>& run) {
+  BENCH_CHECK(cudaMemset(out.p, 0xFF, out.bytes));
+  run();
+  BENCH_CHECK(cudaDeviceSynchronize());
+  std::string same = "reference";
+  if (reference.empty()) reference = snapshot(out);
+  else same = snapshot(out) == reference ? "yes" : "NO";
+  const float ms = median_ms(run);
+  rows.push_back({gemm, variant, ms, flops, same});
+  std::printf("  %-10s %-34s %8.3f ms %6.0f TFLOP/s  same bytes: %s\n", gemm.c_str(), variant.c_str(), ms,
+              flops / ms * 1e-9, same.c_str());
+  std::fflush(stdout);
+}
+
+template <class Cfg>
+std::function<void()> m_runner(const detail::MGemmStep& s) {
+  return [s] {
+    Workspace ws(gemm_m_workspace_bytes(s, Cfg::kBlockN), nullptr);
+    const MPlan plan = plan_gemm_m(s, Cfg::kBlockN, ws, nullptr);
+    launch<Cfg>(plan.params, plan.launch_tiles, plan.a, plan.b0, plan.b1, nullptr);
+    finish_gemm_m(s, plan, nullptr);
+  };
+}
+
+template <class Cfg>
+std::function<void()> k_runner(const KGroupedGemmArgs& a) {
+  return [a] {
+    Workspace ws(gemm_k_workspace_bytes(a), nullptr);
+    const KPlan plan = plan_gemm_k(a, Cfg::kBlockN, ws, nullptr);
+    launch<Cfg>(plan.params, plan.launch_tiles, plan.a, plan.b, plan.b, nullptr);
+  };
+}
+
+using M = Major;
+using G = Grouping;
+
+int run(const Shape& sh, bool skew) {
+  const int64_t H = sh.hidden, F = sh.ffn, E = sh.experts, T = sh.tokens;
+  std::vector<int32_t> sizes(E, static_cast<int32_t>(T / E));
+  if (skew) {  // Dirichlet(0.5)-like split, some experts empty
+    std::mt19937 rng(7);
+    std::gamma_distribution<double> g(0.5, 1.0);
+    std::vector<double> w(E);
+    double sum = 0;
+    for (double& x : w) sum += (x = g(rng));
+    int64_t used = 0;
+    for (int64_t e = 0; e < E; ++e) used += (sizes[e] = static_cast<int32_t>(w[e] / sum * T));
+    sizes[0] += static_cast<int32_t>(T - used);
+  }
+  std::vector<int32_t> offs(E + 1, 0);
+  for (int64_t e = 0; e < E; ++e) offs[e + 1] = offs[e] + sizes[e];
+  std::printf("%s %s: T=%lld H=%lld F=%lld E=%lld\n", sh.name, skew ? "skew" : "balanced", (long long)T,
+              (long long)H, (long long)F, (long long)E);
+
+  Buf offsets((E + 1) * 4), x(T * H * 2), w1(E * 2 * F * H * 2), w2(E * H * F * 2), dy(T * H * 2), a(T * F * 2),
+      c(T * 2 * F * 2), dc(T * 2 * F * 2), y(T * H * 2), dx(T * H * 2), probs(T * 4), dprobs(T * 4),
+      dw1(E * 2 * F * H * 4), dw2(E * H * F * 4), c_store(T * 2 * F * 2), da(T * F * 2);
+  BENCH_CHECK(cudaMemcpy(offsets.p, offs.data(), offs.size() * 4, cudaMemcpyHostToDevice));
+  uint32_t seed = 1;
+  for (Buf* b : {&x, &w1, &w2, &dy, &a, &c})
+    fill_bf16<<<1024, 256>>>(static_cast<uint16_t*>(b->p), b->bytes / 2, 1.0f, seed++);
+  std::vector<float> p(T);
+  for (int64_t t = 0; t < T; ++t) p[t] = 0.25f + 0.5f * static_cast<float>(t % 7) / 7.0f;
+  BENCH_CHECK(cudaMemcpy(probs.p, p.data(), T * 4, cudaMemcpyHostToDevice));
+
+  Problem prob{.hidden = H, .ffn = F, .experts = E, .recipe = Recipe::bf16};
+  const GroupOffsets go{tv(offsets, DType::i32, {E + 1})};
+  const double thf = static_cast<double>(T) * H * F;
+
+  const detail::LayerStep fc1 = detail::fc1_fprop(prob, {.x = {.bf16 = tv(x, DType::bf16, {T, H})},
+                                                         .w1 = {.data = {.dense = tv(w1, DType::bf16, {E, 2 * F, H})}},
+                                                         .offsets = go, .probs = tv(probs, DType::f32, {T}),
+                                                         .c = tv(c, DType::bf16, {T, 2 * F}),
+                                                         .a = {.bf16 = tv(a, DType::bf16, {T, F})}});
+  detail::MGemmStep fc1_store = fc1.gemm_m();  // the same GEMM, C stored plainly (no GLU)
+  fc1_store.epilogue = detail::Epilogue::store;
+  fc1_store.gemm.d = tv(c_store, DType::bf16, {T, 2 * F});
+  std::vector<uint8_t> ref;
+  measure("fc1_fprop", "layer: glu_forward BN256", 4 * thf, a, ref, m_runner<KernelConfig<256, M::k, M::k, G::m, Epi::glu_forward>>(fc1.gemm_m()));
+  measure("fc1_fprop", "glu_forward BN256, CTA pairs", 4 * thf, a, ref, m_runner<KernelConfig<256, M::k, M::k, G::m, Epi::glu_forward, 2>>(fc1.gemm_m()));
+  ref.clear();
+  measure("fc1_fprop", "plain store of C, BN256", 4 * thf, c_store, ref, m_runner<KernelConfig<256, M::k, M::k, G::m, Epi::store>>(fc1_store));
+
+  const detail::LayerStep fc2 = detail::fc2_fprop(prob, {.a = {.bf16 = tv(a, DType::bf16, {T, F})},
+                                                         .w2 = {.data = {.dense = tv(w2, DType::bf16, {E, H, F})}},
+                                                         .offsets = go, .probs = tv(probs, DType::f32, {T}),
+                                                         .y = tv(y, DType::bf16, {T, H})});
+  ref.clear();
+  measure("fc2_fprop", "layer: store BN256", 2 * thf, y, ref, m_runner<KernelConfig<256, M::k, M::k, G::m, Epi::store>>(fc2.gemm_m()));
+  measure("fc2_fprop", "store BN256, CTA pairs", 2 * thf, y, ref, m_runner<KernelConfig<256, M::k, M::k, G::m, Epi::store, 2>>(fc2.gemm_m()));
+  measure("fc2_fprop", "store BN128", 2 * thf, y, ref, m_runner<KernelConfig<128, M::k, M::k, G::m, Epi::store>>(fc2.gemm_m()));
+
+  const detail::LayerStep d2 = detail::fc2_dgrad(prob, {.dy = {.bf16 = tv(dy, DType::bf16, {T, H})},
+                                                        .w2 = {.data = {.dense = tv(w2, DType::bf16, {E, H, F})}},
+                                                        .offsets = go, .probs = tv(probs, DType::f32, {T}),
+                                                        .c = tv(c, DType::bf16, {T, 2 * F}),
+                                                        .dprobs = tv(dprobs, DType::f32, {T}),
+                                                        .dc = {.bf16 = tv(dc, DType::bf16, {T, 2 * F})}});
+  detail::MGemmStep d2_store = d2.gemm_m();  // dA = dY W2 stored plainly (no dGLU)
+  d2_store.epilogue = detail::Epilogue::store;
+  d2_store.gemm.d = tv(da, DType::bf16, {T, F});
+  ref.clear();
+  measure("fc2_dgrad", "layer: glu_backward BN128", 2 * thf, dc, ref, m_runner<KernelConfig<128, M::k, M::mn, G::m, Epi::glu_backward>>(d2.gemm_m()));
+  measure("fc2_dgrad", "glu_backward BN128, CTA pairs", 2 * thf, dc, ref, m_runner<KernelConfig<128, M::k, M::mn, G::m, Epi::glu_backward, 2>>(d2.gemm_m()));
+  ref.clear();
+  measure("fc2_dgrad", "plain store of dA, BN128", 2 * thf, da, ref, m_runner<KernelConfig<128, M::k, M::mn, G::m, Epi::store>>(d2_store));
+  measure("fc2_dgrad", "plain store of dA, BN256", 2 * thf, da, ref, m_runner<KernelConfig<256, M::k, M::mn, G::m, Epi::store>>(d2_store));
+
+  const detail::LayerStep d1 = detail::fc1_dgrad(prob, {.dc = {.bf16 = tv(dc, DType::bf16, {T, 2 * F})},
+                                                        .w1 = {.data = {.dense = tv(w1, DType::bf16, {E, 2 * F, H})}},
+                                                        .offsets = go, .dx = tv(dx, DType::bf16, {T, H})});
+  ref.clear();
+  measure("fc1_dgrad", "layer: store BN256", 4 * thf, dx, ref, m_runner<KernelConfig<256, M::k, M::mn, G::m, Epi::store>>(d1.gemm_m()));
+  measure("fc1_dgrad", "store BN256, CTA pairs", 4 * thf, dx, ref, m_runner<KernelConfig<256, M::k, M::mn, G::m, Epi::store, 2>>(d1.gemm_m()));
+
+  for (bool acc : {false, true}) {
+    const KGroupedGemmArgs w2g{.a = {.bf16 = tv(dy, DType::bf16, {T, H})}, .b = {.bf16 = tv(a, DType::bf16, {T, F})},
+                               .offsets = go, .d = {.dense = tv(dw2, DType::f32, {E, H, F})}, .accumulate = acc};
+    const KGroupedGemmArgs w1g{.a = {.bf16 = tv(dc, DType::bf16, {T, 2 * F})}, .b = {.bf16 = tv(x, DType::bf16, {T, H})},
+                               .offsets = go, .d = {.dense = tv(dw1, DType::f32, {E, 2 * F, H})}, .accumulate = acc};
+    const std::string beta = acc ? " f32 beta 1" : " f32 beta 0";
+    // With beta 1 every run adds to the last one: compare only the beta-0 runs.
+    ref.clear();
+    std::vector<uint8_t> none;
+    measure("fc2_wgrad", "layer: BN256" + beta, 2 * thf, dw2, acc ? none : ref, k_runner<KernelConfig<256, M::mn, M::mn, G::k, Epi::wgrad>>(w2g));
+    none.clear();
+    measure("fc2_wgrad", "BN256, CTA pairs" + beta, 2 * thf, dw2, acc ? none : ref, k_runner<KernelConfig<256, M::mn, M::mn, G::k, Epi::wgrad, 2>>(w2g));
+    ref.clear(), none.clear();
+    measure("fc1_wgrad", "layer: BN256" + beta, 4 * thf, dw1, acc ? none : ref, k_runner<KernelConfig<256, M::mn, M::mn, G::k, Epi::wgrad>>(w1g));
+    none.clear();
+    measure("fc1_wgrad", "BN256, CTA pairs" + beta, 4 * thf, dw1, acc ? none : ref, k_runner<KernelConfig<256, M::mn, M::mn, G::k, Epi::wgrad, 2>>(w1g));
+  }
+
+  int mismatches = 0;
+  for (const Row& r : rows) mismatches += r.same == "NO";
+  std::printf("%s\n", mismatches ? "VARIANTS DIFFER from the layer's configuration" : "all variants write the same bytes");
+  return mismatches ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace mxmoe::cuda::sm90
+
+int main(int argc, char** argv) {
+  using namespace mxmoe::cuda::sm90;
+  const std::string want = argc > 1 ? argv[1] : "dsv3";
+  const bool skew = argc > 2 && std::strcmp(argv[2], "skew") == 0;
+  for (const Shape& s : kPresets)
+    if (want == s.name) return run(s, skew);
+  std::fprintf(stderr, "unknown preset '%s' (dsv3, qwen3-30b, gptoss-120b, mixtral)\n", want.c_str());
+  return 2;
+}

@@ -1,0 +1,39 @@
+// The host side of the sm90 grouped GEMMs split in two, so that the layer (gemm_m.cu) and the
+// kernel benchmark (bench/sm90_kernels.cu) launch the same prepared problem with any configuration:
+// plan_gemm_*() turns a step into kernel parameters, TMA descriptors and the device schedule for a
+// tile width; finish_gemm_m() runs the fixed-order dprob / db1 reductions of glu_backward.
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "src/cuda/common/workspace.h"
+#include "src/cuda/sm90/params.h"
+#include "src/dispatch/backend.h"
+
+namespace mxmoe::cuda::sm90 {
+
+struct MPlan {
+  KernelParams params;
+  CUtensorMap a{}, b0{}, b1{};  // tokens [T, K]; B_e (a and b rows of W1 for glu_forward)
+  int64_t launch_tiles = 0;     // upper bound of the tile (pair) count; 0: nothing to launch
+  int bn = 0;
+};
+
+// The layer's tile width for the step (256, or 128 for glu_backward and narrow outputs).
+int default_block_n(const detail::MGemmStep& s);
+int64_t gemm_m_workspace_bytes(const detail::MGemmStep& s, int bn);
+// Enqueues the device schedule (and clears the dprob partials) on `stream`; `ws` must hold
+// gemm_m_workspace_bytes(s, bn). Requires gemm_m_refusal(s) to be empty.
+MPlan plan_gemm_m(const detail::MGemmStep& s, int bn, Workspace& ws, cudaStream_t stream);
+void finish_gemm_m(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t stream);
+
+// The k-grouped (wgrad) GEMM, likewise: tile width `bn` along N, 128 along M.
+struct KPlan {
+  KernelParams params;
+  CUtensorMap a{}, b{};      // A [T, M], B [T, N], token-major
+  int64_t launch_tiles = 0;  // 0: nothing to launch
+};
+int64_t gemm_k_workspace_bytes(const KGroupedGemmArgs& a);
+KPlan plan_gemm_k(const KGroupedGemmArgs& a, int bn, Workspace& ws, cudaStream_t stream);
+
+}  // namespace mxmoe::cuda::sm90

@@ -75,6 +75,16 @@ struct MGemmStep {
   GradOut db1;                       // glu_backward: db1_e = sum over the group's rows of fp32 dC
 };
 
+// The GEMM's N: 2F for glu_forward, F for glu_backward, the output's columns for store.
+inline int64_t gemm_width(const MGemmStep& s) {
+  switch (s.epilogue) {
+    case Epilogue::glu_forward: return 2 * s.ffn;
+    case Epilogue::glu_backward: return s.ffn;
+    case Epilogue::store: break;
+  }
+  return s.gemm.d.shape[1];
+}
+
 // E weight matrices [rows, cols] (bf16, dense or per-expert) -> dense e4m3 [E, rows, cols] with
 // scales [E, bytes] along `axis` (row: rowwise_scale_bytes(rows, cols) per expert; col:
 // colwise_matrix_scale_bytes(rows, cols) per expert).

@@ -16,15 +16,6 @@ constexpr int kGluFwdF = 64;   // GLU features of a glu_forward n-tile
 
 const TensorView& operand_view(const Operand& a) { return a.mx.data.rank > 0 ? a.mx.data : a.bf16; }
 
-int64_t gemm_width(const detail::MGemmStep& s) {
-  switch (s.epilogue) {
-    case detail::Epilogue::glu_forward: return 2 * s.ffn;
-    case detail::Epilogue::glu_backward: return s.ffn;
-    case detail::Epilogue::store: break;
-  }
-  return s.gemm.d.shape[1];
-}
-
 Epi to_epi(detail::Epilogue e) {
   switch (e) {
     case detail::Epilogue::glu_forward: return Epi::glu_forward;
@@ -58,7 +49,7 @@ void gemm_m(const detail::MGemmStep& s, void* stream_ptr) {
     throw Error("gemm.b", "cuda_portable needs A and B in the same format (both BF16 or both MXFP8)");
   const TensorView& av = operand_view(g.a);
   const int64_t rows = av.shape[0], k = av.shape[1], experts = g.offsets.experts();
-  const int64_t n = gemm_width(s);
+  const int64_t n = detail::gemm_width(s);
   const Epi epi = to_epi(s.epilogue);
   if (experts <= 0) return;
 

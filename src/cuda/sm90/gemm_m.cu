@@ -29,26 +29,15 @@ using GluBwd = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::glu
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-int64_t gemm_width(const detail::MGemmStep& s) {
-  switch (s.epilogue) {
-    case detail::Epilogue::glu_forward: return 2 * s.ffn;
-    case detail::Epilogue::glu_backward: return s.ffn;
-    case detail::Epilogue::store: break;
-  }
-  return s.gemm.d.shape[1];
-}
-
 }  // namespace
 
 int sm_count() {
-  static std::mutex mu;
-  static std::vector<int> cache;
-  int dev = 0;
-  MXMOE_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  if (cache.size() <= static_cast<size_t>(dev)) cache.resize(dev + 1, 0);
-  if (cache[dev] == 0) MXMOE_CUDA_CHECK(cudaDeviceGetAttribute(&cache[dev], cudaDevAttrMultiProcessorCount, dev));
-  return cache[dev];
+  static PerDevice cache;
+  return cache.get([](int dev) {
+    int n = 0;
+    MXMOE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n;
+  });
 }
 
 std::string gemm_m_refusal(const detail::MGemmStep& s) {
@@ -58,7 +47,7 @@ std::string gemm_m_refusal(const detail::MGemmStep& s) {
     return "per-expert weight pointers: the sm90 kernels read one dense [E, ...] weight tensor through TMA";
   if (s.out_row.data.data != nullptr || s.out_col.data.data != nullptr)
     return "MXFP8 epilogue outputs: the sm90 quantizing epilogues are not in this build yet";
-  const int64_t k = g.a.bf16.shape[1], n = gemm_width(s);
+  const int64_t k = g.a.bf16.shape[1], n = detail::gemm_width(s);
   if (k % 8 != 0) return "K = " + std::to_string(k) + " is not a multiple of 8 (TMA rows must be 16-byte aligned)";
   if (n % 8 != 0) return "N = " + std::to_string(n) + " is not a multiple of 8 (TMA rows must be 16-byte aligned)";
   if (!aligned16(g.a.bf16.data) || !aligned16(g.b.data.dense.data))
@@ -76,13 +65,13 @@ std::string gemm_m_refusal(const detail::MGemmStep& s) {
 int default_block_n(const detail::MGemmStep& s) {
   if (s.epilogue == detail::Epilogue::glu_forward) return kWideN;
   if (s.epilogue == detail::Epilogue::glu_backward) return kNarrowN;
-  return gemm_width(s) > kNarrowN ? kWideN : kNarrowN;
+  return detail::gemm_width(s) > kNarrowN ? kWideN : kNarrowN;
 }
 
 namespace {
 int32_t out_tiles(const detail::MGemmStep& s, int bn) {
   const bool glu_fwd = s.epilogue == detail::Epilogue::glu_forward;
-  const int64_t out_cols = glu_fwd ? s.ffn : gemm_width(s);  // features (glu_forward: BN/2 per tile) or columns
+  const int64_t out_cols = glu_fwd ? s.ffn : detail::gemm_width(s);  // features (glu_forward: BN/2 per tile) or columns
   const int64_t per_tile = glu_fwd ? bn / 2 : bn;
   return static_cast<int32_t>((out_cols + per_tile - 1) / per_tile);
 }
@@ -107,7 +96,7 @@ MPlan plan_gemm_m(const detail::MGemmStep& s, int bn, Workspace& ws, cudaStream_
   const MGroupedGemmArgs& g = s.gemm;
   const TensorView& av = g.a.bf16;
   const int64_t rows = av.shape[0], k = av.shape[1], experts = g.offsets.experts();
-  const int64_t n = gemm_width(s);
+  const int64_t n = detail::gemm_width(s);
   const bool glu_fwd = s.epilogue == detail::Epilogue::glu_forward;
   const bool glu_bwd = s.epilogue == detail::Epilogue::glu_backward;
 

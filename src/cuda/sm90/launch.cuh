@@ -11,35 +11,56 @@
 
 namespace mxmoe::cuda::sm90 {
 
-// Clusters of this configuration that fit on the current device at once (cached per device).
+// A value per device index, computed once (thread-safe).
+class PerDevice {
+ public:
+  template <class F>
+  int get(F compute) {
+    int dev = 0;
+    MXMOE_CUDA_CHECK(cudaGetDevice(&dev));
+    std::lock_guard<std::mutex> lock(mu_);
+    if (values_.size() <= static_cast<size_t>(dev)) values_.resize(dev + 1, 0);
+    if (values_[dev] == 0) values_[dev] = compute(dev);
+    return values_[dev];
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<int> values_;
+};
+
+// Launch configuration of `clusters` clusters of Cfg (attr must outlive the returned config).
+template <class Cfg>
+cudaLaunchConfig_t cluster_config(int clusters, cudaStream_t stream, cudaLaunchAttribute& attr) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(Cfg::kCluster * clusters);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = Cfg::kSmemBytes;
+  cfg.stream = stream;
+  attr = cudaLaunchAttribute{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = Cfg::kCluster;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+// Clusters of this configuration that fit on the current device at once.
 template <class Cfg>
 int resident_clusters() {
-  static std::mutex mu;
-  static std::vector<int> cache;
-  int dev = 0;
-  MXMOE_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  if (cache.size() <= static_cast<size_t>(dev)) cache.resize(dev + 1, 0);
-  if (cache[dev] == 0) {
+  static PerDevice cache;
+  return cache.get([](int) {
     auto kernel = grouped_gemm_kernel<Cfg>;
     MXMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(Cfg::kCluster * sm_count());
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = Cfg::kSmemBytes;
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = Cfg::kCluster;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = cluster_config<Cfg>(sm_count(), nullptr, attr);
     int n = 0;
     MXMOE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
     if (n <= 0) throw Error("cuda_sm90", "no cluster of this kernel fits on the device (shared memory or registers)");
-    cache[dev] = n;
-  }
-  return cache[dev];
+    return n;
+  });
 }
 
 template <class Cfg>
@@ -47,21 +68,11 @@ void launch(const KernelParams& p, int64_t tiles_bound, const CUtensorMap& a, co
             const CUtensorMap& b1, cudaStream_t stream) {
   if (tiles_bound <= 0) return;
   const int64_t pairs_bound = (tiles_bound + Cfg::kCluster - 1) / Cfg::kCluster;  // grid size only
-  auto kernel = grouped_gemm_kernel<Cfg>;
   const int clusters = resident_clusters<Cfg>();
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(Cfg::kCluster * static_cast<int>(pairs_bound < clusters ? pairs_bound : clusters));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = Cfg::kSmemBytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = Cfg::kCluster;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  MXMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, a, b0, b1));
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg =
+      cluster_config<Cfg>(static_cast<int>(pairs_bound < clusters ? pairs_bound : clusters), stream, attr);
+  MXMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, grouped_gemm_kernel<Cfg>, p, a, b0, b1));
 }
 
 }  // namespace mxmoe::cuda::sm90

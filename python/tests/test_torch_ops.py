@@ -63,13 +63,38 @@ def glu_halves(c, ffn, layout):
     return c[:, a_cols], c[:, a_cols + 32]
 
 
+def clamp_inclusive(v, lo, hi):
+    """min(max(v, lo), hi) whose gradient passes where lo <= v <= hi (lo None: v <= hi), the masks
+    of docs/numerics.md "Clamped SwiGLU". Written out because torch.clamp's own gradient exactly at
+    the limit is not the same in every torch version (2.15 stops it there)."""
+    inside = v <= hi if lo is None else (v >= lo) & (v <= hi)
+    return torch.where(inside, v, v.detach().clamp(lo, hi))
+
+
 def act(c, ffn, cfg):
     _, activation, limit, alpha, offset, layout, _ = cfg
     a, b = glu_halves(c, ffn, layout)
     if activation == "swiglu":
         return a * torch.sigmoid(a) * b
-    ac, bc = a.clamp(max=limit), b.clamp(-limit, limit)
+    ac, bc = clamp_inclusive(a, None, limit), clamp_inclusive(b, -limit, limit)
     return ac * torch.sigmoid(alpha * ac) * (bc + offset)
+
+
+def test_reference_clamp_masks_are_inclusive():
+    """The reference's clamped SwiGLU has the gradient docs/numerics.md "Clamped SwiGLU" states,
+    exactly at the limits too: dL/da passes where a <= L, dL/db where -L <= b <= L."""
+    L, alpha, beta = 7.0, 1.702, 1.0
+    a = torch.tensor([6.0, 7.0, 8.0, -9.0, 7.0, 0.5], dtype=torch.float64)
+    b = torch.tensor([-8.0, -7.0, 7.0, 8.0, 0.0, 7.5], dtype=torch.float64)
+    c = torch.cat([a, b])[None].requires_grad_(True)
+    act(c, a.numel(), config("bf16", "clamped_swiglu", limit=L, alpha=alpha, linear_offset=beta)).sum().backward()
+    ah, bh = a.clamp(max=L), b.clamp(-L, L)
+    s = torch.sigmoid(alpha * ah)
+    want_da = (bh + beta) * (s + alpha * ah * s * (1 - s)) * (a <= L)
+    want_db = ah * s * ((b >= -L) & (b <= L))
+    torch.testing.assert_close(c.grad[0, :a.numel()], want_da, rtol=1e-12, atol=0)
+    torch.testing.assert_close(c.grad[0, a.numel():], want_db, rtol=1e-12, atol=0)
+    assert (c.grad[0, [1, 4]] != 0).all() and (c.grad[0, [7, 8]] != 0).all()  # a = L (twice), b = -L, b = L
 
 
 def reference_forward(x, counts, probs, w1, b1, w2, b2, cfg):

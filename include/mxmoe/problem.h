@@ -18,6 +18,17 @@ struct ClampedSwiglu {
   float linear_offset = 1.0f;
 };
 
+// Bounds of every dimension (checked by validate_problem() and the entry points, which also check
+// every size they derive with overflow-checked arithmetic). Far above any real MoE layer; they keep
+// every element count and byte size of the layer's tensors inside int64 and the token count inside
+// the int32 group offsets.
+inline constexpr int64_t kMaxHidden = int64_t{1} << 20;   // H
+inline constexpr int64_t kMaxFfn = int64_t{1} << 20;      // F (FC1 produces 2F)
+inline constexpr int64_t kMaxExperts = int64_t{1} << 20;  // E
+inline constexpr int64_t kMaxTokens = INT32_MAX;          // T (routed tokens of one call)
+// Columns of one operand of the low-level ops (ops.h): 2F at most.
+inline constexpr int64_t kMaxColumns = 2 * kMaxFfn;
+
 struct Problem {
   int64_t hidden = 0;   // H: FC1 input / FC2 output features
   int64_t ffn = 0;      // F: FC1 produces 2F (GLU), FC2 consumes F
@@ -39,7 +50,8 @@ const char* to_string(WeightLayout w);
 std::string describe(const Problem& p);
 
 // Throws mxmoe::Error naming the field when the problem cannot be computed (docs/numerics.md "Dimensions": H, F
-// multiples of 32 for MXFP8 and of 8 for BF16; interleave32 needs F % 32 == 0; E >= 1).
+// multiples of 32 for MXFP8 and of 8 for BF16; interleave32 needs F % 32 == 0; E >= 1) or exceeds
+// the bounds above (H <= kMaxHidden, F <= kMaxFfn, E <= kMaxExperts).
 void validate_problem(const Problem& p);
 
 // FLOPs of one forward (6 T H F) and one backward with wgrad (12 T H F).

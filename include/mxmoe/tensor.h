@@ -27,12 +27,15 @@ struct TensorView {
   }
   bool defined() const { return data != nullptr || rank > 0; }
   int64_t size(int d) const { return shape[d]; }
+  // Element count and bytes. Every entry point first checks its views' shapes (each dimension in
+  // its documented bound, no product beyond int64, with an error naming the argument); on a view
+  // that was never checked these wrap instead of overflowing (no undefined behaviour).
   int64_t numel() const {
-    int64_t n = 1;
-    for (int d = 0; d < rank; ++d) n *= shape[d];
-    return n;
+    uint64_t n = 1;
+    for (int d = 0; d < rank; ++d) n *= static_cast<uint64_t>(shape[d]);
+    return static_cast<int64_t>(n);
   }
-  int64_t bytes() const { return numel() * static_cast<int64_t>(dtype_size(dtype)); }
+  int64_t bytes() const { return static_cast<int64_t>(static_cast<uint64_t>(numel()) * dtype_size(dtype)); }
   template <class T>
   T* ptr() const { return static_cast<T*>(data); }
 };

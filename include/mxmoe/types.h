@@ -40,4 +40,12 @@ class Error : public std::runtime_error {
   std::string argument_;
 };
 
+// The memory a call needs cannot be had: an allocation failed (host, device or the caller's
+// Options::allocator) or the call's estimate exceeds the device's memory. The message says how much
+// the call needs in all and which allocation failed. The C ABI maps it to MXMOE_ERROR_OUT_OF_MEMORY.
+class OutOfMemoryError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace mxmoe

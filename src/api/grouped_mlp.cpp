@@ -4,11 +4,14 @@
 // (docs/numerics.md "Layer dataflow").
 #include "mxmoe/grouped_mlp.h"
 
+#include <new>
 #include <optional>
+#include <string>
 
 #include "src/api/layer_state.h"
 #include "src/api/layer_steps.h"
 #include "src/api/layer_validate.h"
+#include "src/common/checked.h"
 
 namespace mxmoe {
 
@@ -54,8 +57,80 @@ std::unique_ptr<WgradImpl> new_wgrad(const Problem& p, const GroupOffsets& offse
   return w;
 }
 
+SavedState forward_run(Context& ctx, const Problem& p, const ForwardArgs& a, const StateBuffers* into);
+WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, const StateBuffers* into);
+
+// ---- Memory: estimated before the first allocation, failures reported with the estimate ----
+
+// The library memory forward_impl allocates below (same sizes as layer_state.h's make_* functions).
+int64_t forward_memory(const Problem& p, int64_t T, bool into) {
+  const int64_t E = p.experts, H = p.hidden, F = p.ffn;
+  const char* what = "memory";
+  int64_t n = 0;
+  auto add = [&](int64_t b) { n = checked_add(n, b, what); };
+  if (!into) add(tensor_bytes(DType::bf16, {T, 2 * F}, what));  // c
+  if (p.recipe == Recipe::mxfp8) {
+    add(mxfp8_bytes(T, H, BlockAxis::row, E, what));               // x_row
+    if (!into) add(mxfp8_bytes(T, H, BlockAxis::col, E, what));    // x_col
+    add(expert_mxfp8_bytes(E, 2 * F, H, BlockAxis::row, what));    // w1q
+    add(expert_mxfp8_bytes(E, H, F, BlockAxis::row, what));        // w2q
+    add(mxfp8_bytes(T, F, BlockAxis::row, E, what));               // a_row
+    if (!into) add(mxfp8_bytes(T, F, BlockAxis::col, E, what));    // a_col
+  } else if (!into) {
+    add(tensor_bytes(DType::bf16, {T, F}, what));  // a
+  }
+  return n;
+}
+
+// The library memory backward_impl allocates below.
+int64_t backward_memory(const Problem& p, int64_t T, bool into) {
+  const int64_t E = p.experts, H = p.hidden, F = p.ffn;
+  const char* what = "memory";
+  int64_t n = 0;
+  auto add = [&](int64_t b) { n = checked_add(n, b, what); };
+  if (p.fc2_bias && p.scale_fc2_bias) add(tensor_bytes(DType::f32, {T}, what));  // dprob_add
+  if (p.recipe == Recipe::mxfp8) {
+    add(mxfp8_bytes(T, H, BlockAxis::row, E, what));                // dy_row
+    if (!into) add(mxfp8_bytes(T, H, BlockAxis::col, E, what));     // dy_col
+    add(expert_mxfp8_bytes(E, H, F, BlockAxis::col, what));         // w2q
+    add(mxfp8_bytes(T, 2 * F, BlockAxis::row, E, what));            // dc_row
+    if (!into) add(mxfp8_bytes(T, 2 * F, BlockAxis::col, E, what)); // dc_col
+    add(expert_mxfp8_bytes(E, 2 * F, H, BlockAxis::col, what));     // w1q
+  } else if (!into) {
+    add(tensor_bytes(DType::bf16, {T, 2 * F}, what));  // dc
+  }
+  return n;
+}
+
+std::string call_name(const char* call, const Problem& p, int64_t T) {
+  return std::string(call) + " (T=" + std::to_string(T) + ", " + describe(p) + ")";
+}
+
+// Runs `f` (the allocations and steps of one call); an allocation failure becomes an
+// OutOfMemoryError that says how much the whole call needs and which allocation failed.
+template <class Fn>
+auto with_memory_estimate(const std::string& what, int64_t need, Fn&& f) {
+  const std::string head = what + " needs about " + format_bytes(need) + " of library memory; ";
+  try {
+    return f();
+  } catch (const OutOfMemoryError& e) {
+    std::string msg = e.what();
+    if (msg.rfind(e.argument() + ": ", 0) == 0) msg.erase(0, e.argument().size() + 2);
+    throw OutOfMemoryError(e.argument(), head + msg);
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemoryError("memory", head + "a host allocation inside the library failed (std::bad_alloc)");
+  }
+}
+
 SavedState forward_impl(Context& ctx, const Problem& p, const ForwardArgs& a, const StateBuffers* into) {
   validate_forward(p, a, into, ctx.options().scale_layout);
+  const std::string what = call_name("forward", p, a.x.shape[0]);
+  const int64_t need = forward_memory(p, a.x.shape[0], into != nullptr);
+  check_capacity(a.x.device, need, ctx.options().allocator, what);
+  return with_memory_estimate(what, need, [&] { return forward_run(ctx, p, a, into); });
+}
+
+SavedState forward_run(Context& ctx, const Problem& p, const ForwardArgs& a, const StateBuffers* into) {
   const Options& o = ctx.options();
   const Device d = a.x.device;
   const ScaleLayout layout = o.scale_layout;
@@ -116,6 +191,14 @@ std::vector<LayerStep> wgrad_steps(const Problem& p, const GroupOffsets& offsets
 
 WgradState backward_impl(Context& ctx, SavedState& saved, const BackwardArgs& a, const StateBuffers* into) {
   validate_backward(saved, a, into, ctx.options().scale_layout);
+  const SavedImpl& s = saved.impl();
+  const std::string what = call_name("backward", s.problem, s.tokens);
+  const int64_t need = backward_memory(s.problem, s.tokens, into != nullptr);
+  check_capacity(s.device, need, ctx.options().allocator, what);
+  return with_memory_estimate(what, need, [&] { return backward_run(ctx, saved, a, into); });
+}
+
+WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, const StateBuffers* into) {
   SavedImpl& s = saved.impl();
   const Options& o = ctx.options();
   const Problem& p = s.problem;

@@ -1,12 +1,44 @@
 // Library-owned layer buffers (src/api/layer_state.h).
 #include "src/api/layer_state.h"
 
+#include "src/common/checked.h"
+
 namespace mxmoe::detail {
+
+namespace {
+int64_t rowwise_bytes(int64_t rows, int64_t cols, const char* what) {
+  return checked_mul(round_up(rows, kSwizzleRows), rowwise_scale_cols(cols), what);
+}
+int64_t colwise_bytes(int64_t rows, int64_t cols, int64_t experts, const char* what) {
+  const int64_t scale_rows = checked_add(ceil_div(rows, 32), checked_mul(4, experts, what), what);
+  return checked_mul(scale_rows, colwise_scale_row_bytes(cols), what);
+}
+int64_t scale_bytes(int64_t rows, int64_t cols, BlockAxis axis, int64_t experts, const char* what) {
+  return axis == BlockAxis::row ? rowwise_bytes(rows, cols, what) : colwise_bytes(rows, cols, experts, what);
+}
+int64_t expert_scale_bytes(int64_t rows, int64_t cols, BlockAxis axis, const char* what) {
+  return axis == BlockAxis::row ? rowwise_bytes(rows, cols, what)
+                                : checked_mul(colwise_group_scale_rows(rows), colwise_scale_row_bytes(cols), what);
+}
+}  // namespace
+
+int64_t tensor_bytes(DType t, std::initializer_list<int64_t> shape, const char* what) {
+  return checked_mul(checked_mul(shape, what), static_cast<int64_t>(dtype_size(t)), what);
+}
+
+int64_t mxfp8_bytes(int64_t rows, int64_t cols, BlockAxis axis, int64_t experts, const char* what) {
+  return checked_add(checked_mul(rows, cols, what), scale_bytes(rows, cols, axis, experts, what), what);
+}
+
+int64_t expert_mxfp8_bytes(int64_t experts, int64_t rows, int64_t cols, BlockAxis axis, const char* what) {
+  const int64_t per = checked_add(checked_mul(rows, cols, what), expert_scale_bytes(rows, cols, axis, what), what);
+  return checked_mul(experts, per, what);
+}
 
 OwnedTensor make_tensor(const Options& opt, Device d, DType t, std::initializer_list<int64_t> shape) {
   OwnedTensor o;
   o.view = TensorView::of(nullptr, t, shape, d);
-  o.buf = allocate(d, o.view.bytes(), opt.stream, opt.allocator);
+  o.buf = allocate(d, tensor_bytes(t, shape, "memory"), opt.stream, opt.allocator);
   o.view.data = o.buf.ptr;
   return o;
 }
@@ -14,9 +46,8 @@ OwnedTensor make_tensor(const Options& opt, Device d, DType t, std::initializer_
 OwnedMxfp8 make_mxfp8(const Options& opt, Device d, int64_t rows, int64_t cols, BlockAxis axis, ScaleLayout layout,
                       int64_t experts) {
   OwnedMxfp8 o;
-  const int64_t sbytes =
-      axis == BlockAxis::row ? rowwise_scale_bytes(rows, cols) : colwise_scale_bytes(rows, cols, experts);
-  o.data = allocate(d, rows * cols, opt.stream, opt.allocator);
+  const int64_t sbytes = scale_bytes(rows, cols, axis, experts, "memory");
+  o.data = allocate(d, checked_mul(rows, cols, "memory"), opt.stream, opt.allocator);
   o.scales = allocate(d, sbytes, opt.stream, opt.allocator);
   o.view.data = TensorView::of(o.data.ptr, DType::e4m3, {rows, cols}, d);
   o.view.scales = TensorView::of(o.scales.ptr, DType::e8m0, {sbytes}, d);
@@ -28,9 +59,9 @@ OwnedMxfp8 make_mxfp8(const Options& opt, Device d, int64_t rows, int64_t cols, 
 OwnedExpertMxfp8 make_expert_mxfp8(const Options& opt, Device d, int64_t experts, int64_t rows, int64_t cols,
                                    BlockAxis axis, ScaleLayout layout) {
   OwnedExpertMxfp8 o;
-  const int64_t per = axis == BlockAxis::row ? rowwise_scale_bytes(rows, cols) : colwise_matrix_scale_bytes(rows, cols);
-  o.data = allocate(d, experts * rows * cols, opt.stream, opt.allocator);
-  o.scales = allocate(d, experts * per, opt.stream, opt.allocator);
+  const int64_t per = expert_scale_bytes(rows, cols, axis, "memory");
+  o.data = allocate(d, checked_mul({experts, rows, cols}, "memory"), opt.stream, opt.allocator);
+  o.scales = allocate(d, checked_mul(experts, per, "memory"), opt.stream, opt.allocator);
   o.operand.data.dense = TensorView::of(o.data.ptr, DType::e4m3, {experts, rows, cols}, d);
   o.operand.data.dtype = DType::e4m3;
   o.operand.scales.dense = TensorView::of(o.scales.ptr, DType::e8m0, {experts, per}, d);

@@ -15,6 +15,12 @@ struct OwnedTensor {
 };
 OwnedTensor make_tensor(const Options& o, Device d, DType t, std::initializer_list<int64_t> shape);
 
+// Bytes the make_* functions below allocate, overflow-checked (mxmoe::Error naming `what`). The
+// forward/backward memory estimates add these up before the first allocation.
+int64_t tensor_bytes(DType t, std::initializer_list<int64_t> shape, const char* what);
+int64_t mxfp8_bytes(int64_t rows, int64_t cols, BlockAxis axis, int64_t experts, const char* what);
+int64_t expert_mxfp8_bytes(int64_t experts, int64_t rows, int64_t cols, BlockAxis axis, const char* what);
+
 // MXFP8 [rows, cols] with row-wise scales, or column-wise scales grouped over `experts` groups.
 struct OwnedMxfp8 {
   Buffer data, scales;

@@ -6,6 +6,7 @@
 
 #include "src/api/layer_state.h"
 #include "src/api/validate.h"
+#include "src/common/checked.h"
 
 namespace mxmoe::detail {
 namespace {
@@ -18,7 +19,10 @@ void check_weight_layout(const Problem& p, const ExpertMatrices& m, const char* 
 }
 
 void check_bias(bool wanted, const TensorView& b, const char* name, const char* flag, int64_t experts, int64_t n,
-                Device d) {
+                const CallDevice& d) {
+  if (wanted && b.data == nullptr && b.rank == 0)
+    throw Error(name, std::string("missing (no data pointer) but problem.") + flag + " is true; expected bf16 [" +
+                          std::to_string(experts) + ", " + std::to_string(n) + "]");
   if (wanted)
     check_tensor(b, name, DType::bf16, {experts, n}, d);
   else if (b.data)
@@ -26,13 +30,16 @@ void check_bias(bool wanted, const TensorView& b, const char* name, const char* 
 }
 
 int64_t tokens_of(const TensorView& x, const char* name, int64_t cols) {
+  if (x.data == nullptr && x.rank == 0)
+    throw Error(name, "missing (no data pointer); expected [T, " + std::to_string(cols) + "]");
   if (x.rank != 2 || x.shape[1] != cols)
     throw Error(name, "shape " + shape_string(x) + " must be [T, " + std::to_string(cols) + "]");
+  check_dim(x.shape[0], kMaxTokens, name, "T");
   return x.shape[0];
 }
 
 // Every input of a forward with T tokens on `d`; x may be absent when !need_x (a restored mxfp8 state).
-void validate_inputs(const Problem& p, const ForwardArgs& a, int64_t T, Device d, bool need_x) {
+void validate_inputs(const Problem& p, const ForwardArgs& a, int64_t T, const CallDevice& d, bool need_x) {
   validate_problem(p);
   const int64_t E = p.experts, H = p.hidden, F = p.ffn;
   if (need_x || a.x.data) check_tensor(a.x, "x", DType::bf16, {T, H}, d);
@@ -46,6 +53,37 @@ void validate_inputs(const Problem& p, const ForwardArgs& a, int64_t T, Device d
   check_bias(p.fc2_bias, a.b2, "b2", "fc2_bias", E, H, d);
 }
 
+// Every given input of a forward, x first.
+void add_input_devices(std::vector<NamedDevice>& out, const ForwardArgs& a) {
+  add_device(out, "x", a.x);
+  add_device(out, "offsets", a.offsets.offsets);
+  add_device(out, "probs", a.probs);
+  add_device(out, "w1", a.w1.dense);
+  add_device(out, "w1.pointers", a.w1.pointers);
+  add_device(out, "b1", a.b1);
+  add_device(out, "w2", a.w2.dense);
+  add_device(out, "w2.pointers", a.w2.pointers);
+  add_device(out, "b2", a.b2);
+}
+
+void add_mxfp8_devices(std::vector<NamedDevice>& out, const std::string& name, const Mxfp8View& v) {
+  add_device(out, name + ".data", v.data);
+  add_device(out, name + ".scales", v.scales);
+}
+
+void add_grad_devices(std::vector<NamedDevice>& out, const WeightGrads& g, bool weights, bool biases) {
+  if (weights) {
+    add_device(out, "grads.dw1", g.dw1.dense);
+    add_device(out, "grads.dw1.pointers", g.dw1.pointers);
+    add_device(out, "grads.dw2", g.dw2.dense);
+    add_device(out, "grads.dw2.pointers", g.dw2.pointers);
+  }
+  if (biases) {
+    add_device(out, "grads.db1", g.db1);
+    add_device(out, "grads.db2", g.db2);
+  }
+}
+
 std::vector<Region> input_regions(const ForwardArgs& a) {
   return {region("x", a.x),         region("offsets", a.offsets.offsets), region("probs", a.probs),
           region("w1", a.w1.dense), region("w1.pointers", a.w1.pointers), region("b1", a.b1),
@@ -53,14 +91,14 @@ std::vector<Region> input_regions(const ForwardArgs& a) {
 }
 
 void check_state_mxfp8(const Mxfp8View& v, const std::string& name, int64_t T, int64_t cols, int64_t E,
-                       ScaleLayout layout, Device d) {
+                       ScaleLayout layout, const CallDevice& d) {
   check_mxfp8(v, name, T, cols, BlockAxis::col, colwise_scale_bytes(T, cols, E), d);
   if (v.layout != layout)
     throw Error(name + ".layout", "must be the scale layout of the other state tensors and of the context");
 }
 
 // The members of StateBuffers forward fills, for the recipe.
-void check_saved_buffers(const Problem& p, const StateBuffers& s, int64_t T, ScaleLayout layout, Device d) {
+void check_saved_buffers(const Problem& p, const StateBuffers& s, int64_t T, ScaleLayout layout, const CallDevice& d) {
   check_tensor(s.c, "saved.c", DType::bf16, {T, 2 * p.ffn}, d);
   if (p.recipe == Recipe::mxfp8) {
     check_state_mxfp8(s.x_col, "saved.x_col", T, p.hidden, p.experts, layout, d);
@@ -71,7 +109,7 @@ void check_saved_buffers(const Problem& p, const StateBuffers& s, int64_t T, Sca
 }
 
 // The members a deferred backward fills.
-void check_deferred_buffers(const Problem& p, const StateBuffers& s, int64_t T, ScaleLayout layout, Device d) {
+void check_deferred_buffers(const Problem& p, const StateBuffers& s, int64_t T, ScaleLayout layout, const CallDevice& d) {
   if (p.recipe == Recipe::mxfp8) {
     check_state_mxfp8(s.dy_col, "state.dy_col", T, p.hidden, p.experts, layout, d);
     check_state_mxfp8(s.dc_col, "state.dc_col", T, 2 * p.ffn, p.experts, layout, d);
@@ -99,7 +137,7 @@ std::vector<Region> deferred_buffer_regions(const StateBuffers& s) {
   return r;
 }
 
-void check_grad_matrices(const Problem& p, const WeightGrads& g, Device d) {
+void check_grad_matrices(const Problem& p, const WeightGrads& g, const CallDevice& d) {
   const int64_t E = p.experts, H = p.hidden, F = p.ffn;
   check_weight_layout(p, g.dw1, "grads.dw1");
   check_weight_layout(p, g.dw2, "grads.dw2");
@@ -112,7 +150,7 @@ void check_grad_matrices(const Problem& p, const WeightGrads& g, Device d) {
                                         std::string(dtype_name(t1)) + ", dw2 is " + dtype_name(t2) + ")");
 }
 
-void check_bias_grads(const Problem& p, const WeightGrads& g, Device d) {
+void check_bias_grads(const Problem& p, const WeightGrads& g, const CallDevice& d) {
   auto one = [&](bool wanted, const TensorView& t, const char* name, const char* flag, int64_t n) {
     if (!wanted) {
       if (t.data) throw Error(name, std::string("given but problem.") + flag + " is false");
@@ -141,12 +179,37 @@ std::vector<Region> saved_input_regions(const SavedImpl& s) {
   return r;
 }
 
+// The saved-state buffers forward fills for the recipe, for the one-device check.
+void add_saved_buffer_devices(std::vector<NamedDevice>& out, const Problem& p, const StateBuffers& s) {
+  add_device(out, "saved.c", s.c);
+  if (p.recipe == Recipe::mxfp8) {
+    add_mxfp8_devices(out, "saved.x_col", s.x_col);
+    add_mxfp8_devices(out, "saved.a_col", s.a_col);
+  } else {
+    add_device(out, "saved.a", s.a);
+  }
+}
+
+void add_deferred_buffer_devices(std::vector<NamedDevice>& out, const Problem& p, const StateBuffers& s) {
+  if (p.recipe == Recipe::mxfp8) {
+    add_mxfp8_devices(out, "state.dy_col", s.dy_col);
+    add_mxfp8_devices(out, "state.dc_col", s.dc_col);
+  } else {
+    add_device(out, "state.dc", s.dc);
+  }
+}
+
 }  // namespace
 
 void validate_forward(const Problem& p, const ForwardArgs& a, const StateBuffers* into, ScaleLayout layout) {
   validate_problem(p);  // first: a bad problem is reported before what it makes of x's shape
-  const Device d = a.x.device;
   const int64_t T = tokens_of(a.x, "x", p.hidden);
+  std::vector<NamedDevice> devices;
+  add_input_devices(devices, a);
+  add_device(devices, "y", a.y);
+  if (into) add_saved_buffer_devices(devices, p, *into);
+  check_one_device(devices, false);
+  const CallDevice d{a.x.device, "x"};
   validate_inputs(p, a, T, d, true);
   check_tensor(a.y, "y", DType::bf16, {T, p.hidden}, d);
   std::vector<Region> outs = {region("y", a.y)};
@@ -158,9 +221,14 @@ void validate_forward(const Problem& p, const ForwardArgs& a, const StateBuffers
 }
 
 int64_t validate_restore_saved(const Problem& p, const ForwardArgs& inputs, const StateBuffers& saved) {
-  if (saved.c.rank != 2) throw Error("saved.c", "shape " + shape_string(saved.c) + " must be [T, 2F]");
-  const int64_t T = saved.c.shape[0];
-  const Device d = saved.c.device;
+  validate_problem(p);
+  const int64_t T = tokens_of(saved.c, "saved.c", 2 * p.ffn);
+  std::vector<NamedDevice> devices;
+  add_device(devices, "saved.c", saved.c);
+  add_input_devices(devices, inputs);
+  add_saved_buffer_devices(devices, p, saved);
+  check_one_device(devices, false);
+  const CallDevice d{saved.c.device, "saved.c"};
   validate_inputs(p, inputs, T, d, p.recipe == Recipe::bf16);
   check_saved_buffers(p, saved, T, saved.x_col.layout, d);
   return T;
@@ -171,8 +239,15 @@ void validate_backward(SavedState& saved, const BackwardArgs& a, const StateBuff
   SavedImpl& s = saved.impl();
   if (s.consumed) throw Error("saved", "this SavedState was already consumed by backward()");
   const Problem& p = s.problem;
-  const Device d = s.device;
+  const CallDevice d{s.device, "the forward's data (saved)"};
   const int64_t T = s.tokens, H = p.hidden;
+  std::vector<NamedDevice> devices = {{d.source, d.device}};
+  add_device(devices, "dy", a.dy);
+  add_device(devices, "dx", a.dx);
+  add_device(devices, "dprobs", a.dprobs);
+  add_grad_devices(devices, a.grads, a.wgrad == WgradMode::now, true);
+  if (into) add_deferred_buffer_devices(devices, p, *into);
+  check_one_device(devices, true);
   check_tensor(a.dy, "dy", DType::bf16, {T, H}, d);
   check_tensor(a.dx, "dx", DType::bf16, {T, H}, d);
   check_tensor(a.dprobs, "dprobs", DType::f32, {T}, d);
@@ -195,9 +270,22 @@ int64_t validate_restore_wgrad(const Problem& p, const ForwardArgs& inputs, cons
   validate_problem(p);
   const bool mx = p.recipe == Recipe::mxfp8;
   const TensorView& rows = mx ? state.x_col.data : state.a;
-  if (rows.rank != 2) throw Error(mx ? "saved.x_col.data" : "saved.a", "shape " + shape_string(rows) + " must be 2-D");
-  const int64_t T = rows.shape[0], E = p.experts, H = p.hidden, F = p.ffn;
-  const Device d = rows.device;
+  const char* rows_name = mx ? "saved.x_col.data" : "saved.a";
+  const int64_t T = tokens_of(rows, rows_name, mx ? p.hidden : p.ffn);
+  const int64_t E = p.experts, H = p.hidden, F = p.ffn;
+  std::vector<NamedDevice> devices;
+  add_device(devices, rows_name, rows);
+  add_device(devices, "offsets", inputs.offsets.offsets);
+  if (mx) {
+    add_mxfp8_devices(devices, "saved.x_col", state.x_col);
+    add_mxfp8_devices(devices, "saved.a_col", state.a_col);
+  } else {
+    add_device(devices, "x", inputs.x);
+    add_device(devices, "dy", dy);
+  }
+  add_deferred_buffer_devices(devices, p, state);
+  check_one_device(devices, false);
+  const CallDevice d{rows.device, rows_name};
   const ScaleLayout layout = state.x_col.layout;
   check_offsets(inputs.offsets, "offsets", E, T, d);
   if (mx) {
@@ -215,7 +303,10 @@ int64_t validate_restore_wgrad(const Problem& p, const ForwardArgs& inputs, cons
 void validate_compute_wgrad(WgradState& state, const WeightGrads& grads) {
   if (!state.pending()) throw Error("state", "no deferred weight gradient is pending in this WgradState");
   const WgradImpl& w = state.impl();
-  check_grad_matrices(w.problem, grads, w.device);
+  std::vector<NamedDevice> devices = {{"the deferred backward's data (state)", w.device}};
+  add_grad_devices(devices, grads, true, false);
+  check_one_device(devices, true);
+  check_grad_matrices(w.problem, grads, {w.device, "the deferred backward's data (state)"});
   std::vector<Region> ins = {region("offsets", w.offsets.offsets), region("x", w.x_bf16), region("dy", w.dy_bf16),
                              region("a", w.a_bf16.view), region("dc", w.dc_bf16.view)};
   add_regions(ins, "x_col", w.x_col.view);

@@ -60,11 +60,17 @@ void validate_problem(const Problem& p) {
                                               : "must be a positive multiple of 8 for the bf16 recipe";
   if (p.hidden <= 0 || p.hidden % align != 0)
     throw Error("problem.hidden", "hidden=" + std::to_string(p.hidden) + " " + why);
+  if (p.hidden > kMaxHidden)
+    throw Error("problem.hidden", "hidden=" + std::to_string(p.hidden) + " exceeds the bound " +
+                                      std::to_string(kMaxHidden) + " (2^20)");
   if (p.ffn <= 0 || p.ffn % align != 0)
     throw Error("problem.ffn", "ffn=" + std::to_string(p.ffn) + " " + why);
+  if (p.ffn > kMaxFfn)
+    throw Error("problem.ffn", "ffn=" + std::to_string(p.ffn) + " exceeds the bound " + std::to_string(kMaxFfn) +
+                                   " (2^20)");
   if (p.glu_layout == GluLayout::interleave32 && p.ffn % 32 != 0)
     throw Error("problem.ffn", "ffn=" + std::to_string(p.ffn) + " must be a multiple of 32 for glu_layout=interleave32");
-  if (p.experts <= 0 || p.experts > (1 << 20))
+  if (p.experts <= 0 || p.experts > kMaxExperts)
     throw Error("problem.experts", "experts=" + std::to_string(p.experts) + " must be in [1, 2^20]");
   if (p.scale_fc2_bias && !p.fc2_bias)
     throw Error("problem.scale_fc2_bias", "scale_fc2_bias=true requires fc2_bias=true");

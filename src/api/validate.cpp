@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "mxmoe/problem.h"
+#include "src/common/checked.h"
+
 namespace mxmoe::detail {
 
 std::string shape_string(const TensorView& t) {
@@ -21,9 +24,10 @@ std::string list_shape(std::initializer_list<int64_t> shape) {
   return s + "]";
 }
 
-void check_device(const TensorView& t, const std::string& name, Device device) {
-  if (!(t.device == device))
-    throw Error(name, "is on " + device_name(t.device) + " but the call's data is on " + device_name(device));
+void check_device(const TensorView& t, const std::string& name, const CallDevice& call) {
+  if (!(t.device == call.device))
+    throw Error(name, "is on " + device_name(t.device) + " but " + call.source + " is on " + device_name(call.device) +
+                          " (every tensor of a call must be on one device)");
 }
 
 void check_pointer(const void* p, int64_t bytes, const std::string& name, Device device) {
@@ -33,32 +37,44 @@ void check_pointer(const void* p, int64_t bytes, const std::string& name, Device
     throw Error(name, "pointer " + std::to_string(reinterpret_cast<uintptr_t>(p)) + " is not " +
                           std::to_string(kDeviceAlignBytes) + "-byte aligned");
 }
+
+std::string dtype_list(std::initializer_list<DType> dtypes) {
+  std::string want;
+  for (DType d : dtypes) want += (want.empty() ? "" : " or ") + std::string(dtype_name(d));
+  return want;
+}
+
+bool missing(const TensorView& t) { return t.data == nullptr && t.rank == 0; }
 }  // namespace
 
 void check_tensor_dtypes(const TensorView& t, const std::string& name, std::initializer_list<DType> dtypes,
-                         std::initializer_list<int64_t> shape, Device device) {
-  if (std::find(dtypes.begin(), dtypes.end(), t.dtype) == dtypes.end()) {
-    std::string want;
-    for (DType d : dtypes) want += (want.empty() ? "" : " or ") + std::string(dtype_name(d));
-    throw Error(name, std::string("dtype ") + dtype_name(t.dtype) + " is not " + want);
-  }
+                         std::initializer_list<int64_t> shape, const CallDevice& device) {
+  if (missing(t))
+    throw Error(name, "missing (no data pointer); expected " + dtype_list(dtypes) + " " + list_shape(shape) + " on " +
+                          device_name(device.device));
+  if (std::find(dtypes.begin(), dtypes.end(), t.dtype) == dtypes.end())
+    throw Error(name, std::string("dtype ") + dtype_name(t.dtype) + " is not " + dtype_list(dtypes));
   bool same = t.rank == static_cast<int>(shape.size());
   int d = 0;
   for (int64_t v : shape) same = same && t.shape[d++] == v;
   if (!same) throw Error(name, "shape " + shape_string(t) + " must be " + list_shape(shape));
   check_device(t, name, device);
-  check_pointer(t.data, t.bytes(), name, device);
+  check_pointer(t.data, checked_bytes(t, name), name, device.device);
 }
 
 void check_tensor(const TensorView& t, const std::string& name, DType dtype, std::initializer_list<int64_t> shape,
-                  Device device) {
+                  const CallDevice& device) {
   check_tensor_dtypes(t, name, {dtype}, shape, device);
 }
 
-void check_offsets(const GroupOffsets& g, const std::string& name, int64_t experts, int64_t tokens, Device device) {
+void check_offsets(const GroupOffsets& g, const std::string& name, int64_t experts, int64_t tokens,
+                   const CallDevice& device) {
+  check_dim(experts, kMaxExperts, name, "E");
   check_tensor(g.offsets, name, DType::i32, {experts + 1}, device);
-  if (tokens > INT32_MAX) throw Error(name, "tokens=" + std::to_string(tokens) + " exceeds the int32 offset range");
-  if (device.type != DeviceType::cpu) return;
+  if (tokens < 0 || tokens > kMaxTokens)
+    throw Error(name, "tokens=" + std::to_string(tokens) + " must be in [0, " + std::to_string(kMaxTokens) +
+                          "] (the int32 offset range)");
+  if (device.device.type != DeviceType::cpu) return;
   const int32_t* o = g.data();
   if (o[0] != 0) throw Error(name, "offsets[0]=" + std::to_string(o[0]) + " must be 0");
   for (int64_t e = 0; e < experts; ++e)
@@ -71,7 +87,7 @@ void check_offsets(const GroupOffsets& g, const std::string& name, int64_t exper
 }
 
 void check_experts(const ExpertMatrices& m, const std::string& name, std::initializer_list<DType> dtypes,
-                   int64_t experts, int64_t rows, int64_t cols, Device device) {
+                   int64_t experts, int64_t rows, int64_t cols, const CallDevice& device) {
   if (!m.per_expert()) {
     check_tensor_dtypes(m.dense, name, dtypes, {experts, rows, cols}, device);
     return;
@@ -79,25 +95,63 @@ void check_experts(const ExpertMatrices& m, const std::string& name, std::initia
   check_tensor(m.pointers, name + ".pointers", DType::i64, {experts}, device);
   if (std::find(dtypes.begin(), dtypes.end(), m.dtype) == dtypes.end())
     throw Error(name + ".dtype", std::string("dtype ") + dtype_name(m.dtype) + " is not accepted here");
-  if (device.type != DeviceType::cpu) return;  // device tables are read on the device only
+  if (device.device.type != DeviceType::cpu) return;  // device tables are read on the device only
   const int64_t* p = m.pointers.ptr<const int64_t>();
+  const int64_t per = checked_mul({rows, cols, static_cast<int64_t>(dtype_size(m.dtype))}, name);
   for (int64_t e = 0; e < experts; ++e)
-    if (rows * cols > 0 && p[e] == 0) throw Error(name + ".pointers", "pointers[" + std::to_string(e) + "] is null");
+    if (per > 0 && p[e] == 0) throw Error(name + ".pointers", "pointers[" + std::to_string(e) + "] is null");
 }
 
 void check_mxfp8(const Mxfp8View& v, const std::string& name, int64_t rows, int64_t cols, BlockAxis axis,
-                 int64_t scale_bytes, Device device) {
+                 int64_t scale_bytes, const CallDevice& device) {
   check_tensor(v.data, name + ".data", DType::e4m3, {rows, cols}, device);
   if (v.axis != axis)
     throw Error(name + ".axis", std::string("block axis must be ") + (axis == BlockAxis::row ? "row" : "col"));
+  if (missing(v.scales))
+    throw Error(name + ".scales", "missing (no data pointer); expected e8m0 of " + std::to_string(scale_bytes) +
+                                      " bytes on " + device_name(device.device));
   if (v.scales.dtype != DType::e8m0) throw Error(name + ".scales", std::string("dtype ") + dtype_name(v.scales.dtype) + " is not e8m0");
-  if (v.scales.numel() < scale_bytes)
-    throw Error(name + ".scales", "holds " + std::to_string(v.scales.numel()) + " bytes, needs " + std::to_string(scale_bytes));
+  const int64_t have = checked_numel(v.scales, name + ".scales");
+  if (have < scale_bytes)
+    throw Error(name + ".scales", "holds " + std::to_string(have) + " bytes, needs " + std::to_string(scale_bytes));
   check_device(v.scales, name + ".scales", device);
-  check_pointer(v.scales.data, v.scales.bytes(), name + ".scales", device);
+  check_pointer(v.scales.data, have, name + ".scales", device.device);
 }
 
-Region region(const std::string& name, const TensorView& t) { return {name, t.data, t.data ? t.bytes() : 0}; }
+void add_device(std::vector<NamedDevice>& out, const std::string& name, const TensorView& t) {
+  if (!missing(t)) out.push_back({name, t.device});
+}
+
+void check_one_device(const std::vector<NamedDevice>& tensors, bool reference_fixed) {
+  if (tensors.empty()) return;
+  // Devices in order of first appearance, with the tensors on each.
+  std::vector<std::pair<Device, std::vector<std::string>>> groups;
+  for (const NamedDevice& t : tensors) {
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == t.device; });
+    if (it == groups.end()) groups.push_back({t.device, {t.name}});
+    else it->second.push_back(t.name);
+  }
+  if (groups.size() == 1) return;
+  size_t intended = 0;  // the reference's group, unless (not fixed) another one holds more tensors
+  if (!reference_fixed)
+    for (size_t i = 1; i < groups.size(); ++i)
+      if (groups[i].second.size() > groups[intended].second.size()) intended = i;
+  std::string listing;
+  for (const auto& g : groups) {
+    listing += (listing.empty() ? "" : "; ") + device_name(g.first) + ":";
+    for (size_t i = 0; i < g.second.size(); ++i) listing += (i ? ", " : " ") + g.second[i];
+  }
+  const Device want = groups[intended].first;
+  const std::string& witness = groups[intended].second.front();
+  for (const NamedDevice& t : tensors)
+    if (!(t.device == want))
+      throw Error(t.name, "is on " + device_name(t.device) + " but " + witness + " is on " + device_name(want) +
+                              " (every tensor of a call must be on one device; " + listing + ")");
+}
+
+Region region(const std::string& name, const TensorView& t) {
+  return {name, t.data, t.data ? checked_bytes(t, name) : 0};
+}
 
 void check_no_alias(const std::vector<Region>& outputs, const std::vector<Region>& inputs) {
   auto overlap = [](const Region& a, const Region& b) {

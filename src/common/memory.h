@@ -3,6 +3,7 @@
 // Through Options::allocator when the caller set one.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include "mxmoe/context.h"
@@ -26,6 +27,18 @@ struct Buffer {
   void* stream = nullptr;
   Allocator allocator{};  // the caller's, when Options::allocator is set
 };
+// Throws OutOfMemoryError (argument "memory", or "options.allocator" when the caller's allocator
+// returned null) when the memory cannot be had; never returns a null buffer for bytes > 0.
 Buffer allocate(Device device, int64_t bytes, void* stream, const Allocator& allocator = {});
+
+// "1.50 GiB (1610612736 bytes)".
+std::string format_bytes(int64_t bytes);
+// Bytes of memory `device` has in all (host: physical memory; CUDA: the device's global memory), or
+// -1 when unknown.
+int64_t device_capacity(Device device);
+// Refuses, before anything is allocated, a call whose library memory `need` (an estimate, described
+// by `what`) exceeds what `device` has in all: OutOfMemoryError naming the estimate. Skipped with a
+// caller allocator (its capacity is the caller's to know).
+void check_capacity(Device device, int64_t need, const Allocator& allocator, const std::string& what);
 
 }  // namespace mxmoe::detail

@@ -99,7 +99,52 @@ TEST(Validation, FfnMustBeMultipleOf8ForBf16) {
 }
 TEST(Validation, BiasMustMatchTheProblem) {
   expect_forward_error([](Fixture& f) { f.p.fc1_bias = false; }, "b1", "fc1_bias");
-  expect_forward_error([](Fixture& f) { f.p.fc2_bias = true; }, "b2", "dtype");
+  // A bias the problem asks for but the call lacks is reported as missing, not as a dtype mismatch
+  // of the empty view.
+  expect_forward_error([](Fixture& f) { f.p.fc2_bias = true; }, "b2",
+                       "missing (no data pointer) but problem.fc2_bias is true; expected bf16 [3, 64]");
+}
+TEST(Validation, MissingTensorIsReportedAsMissing) {
+  expect_forward_error([](Fixture& f) { f.fa.y = {}; }, "y", "y: missing (no data pointer); expected bf16 [13, 64]");
+  expect_forward_error([](Fixture& f) { f.fa.probs = {}; }, "probs", "probs: missing (no data pointer)");
+  expect_forward_error([](Fixture& f) { f.fa.x = {}; }, "x", "x: missing (no data pointer)");
+}
+TEST(Validation, DeviceMismatchNamesBothTensorsAndBothDevices) {
+  const Device gpu{DeviceType::cuda, 0};
+  // Everything on cuda:0 but the offsets: the offsets are the odd one out.
+  expect_forward_error(
+      [&](Fixture& f) {
+        for (TensorView* t : {&f.fa.x, &f.fa.probs, &f.fa.w1.dense, &f.fa.w2.dense, &f.fa.b1, &f.fa.y}) t->device = gpu;
+      },
+      "offsets", "offsets: is on cpu but x is on cuda:0");
+  // Only x on cuda:0: x is the odd one out, not the offsets checked after it.
+  expect_forward_error([&](Fixture& f) { f.fa.x.device = gpu; }, "x", "x: is on cuda:0 but offsets is on cpu");
+  // The message lists every device with its tensors.
+  expect_forward_error([&](Fixture& f) { f.fa.y.device = gpu; }, "y", "cpu: x, offsets, probs, w1, b1, w2; cuda:0: y");
+}
+TEST(Validation, BackwardDeviceMismatchNamesTheForwardsDevice) {
+  Fixture f;
+  Context ctx({.backend = "cpu"});
+  SavedState saved = forward(ctx, f.p, f.fa);
+  BackwardArgs ba = f.backward_args();
+  ba.dx.device = Device{DeviceType::cuda, 1};
+  try {
+    backward(ctx, saved, ba);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "dx");
+    EXPECT_NE(std::string(e.what()).find("dx: is on cuda:1 but the forward's data (saved) is on cpu"), std::string::npos)
+        << e.what();
+  }
+  ba.dx.device = Device{};
+  ba.dy = {};
+  try {
+    backward(ctx, saved, ba);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "dy");
+    EXPECT_NE(std::string(e.what()).find("dy: missing (no data pointer)"), std::string::npos) << e.what();
+  }
 }
 TEST(Validation, OutputAliasingAnInputIsRejected) {
   expect_forward_error([](Fixture& f) { f.fa.y.data = f.fa.x.data; }, "y", "overlaps input x");

@@ -17,7 +17,11 @@ typedef enum mxmoe_status {
   MXMOE_ERROR_INVALID_ARGUMENT = 1, /* bad shape, dtype, offsets, alias, struct_size...; nothing written */
   MXMOE_ERROR_UNAVAILABLE = 2,      /* no backend can run the call (reasons in the message) */
   MXMOE_ERROR_CUDA = 3,
-  MXMOE_ERROR_INTERNAL = 4
+  MXMOE_ERROR_INTERNAL = 4,
+  /* The memory the call needs cannot be had: its estimate exceeds the device's memory, or an
+   * allocation failed (host, device, or the caller's alloc returned NULL). The message says how much
+   * the call needs in all and which allocation failed. Outputs may be partly written. */
+  MXMOE_ERROR_OUT_OF_MEMORY = 5
 } mxmoe_status;
 
 typedef enum mxmoe_dtype {
@@ -39,6 +43,10 @@ typedef struct mxmoe_tensor {
   int32_t device_index;
 } mxmoe_tensor;
 
+/* Bounds (larger values are MXMOE_ERROR_INVALID_ARGUMENT naming the field): hidden and ffn in
+ * [1, 2^20] (multiples of 32 for MXFP8, of 8 for BF16), experts in [1, 2^20], tokens T (rows of x)
+ * in [0, 2^31 - 1] (the offsets are int32). Every size derived from them is computed with overflow
+ * checks. */
 typedef struct mxmoe_problem {
   size_t struct_size;
   int64_t hidden, ffn, experts;
@@ -98,6 +106,20 @@ typedef struct mxmoe_backward_args {
   int32_t deferred_wgrad; /* 1: dW later through mxmoe_compute_wgrad */
 } mxmoe_backward_args;
 
+/* Lifetimes of the handles (any destruction order is safe; each destroy function accepts NULL):
+ * - A saved state (mxmoe_forward) and a wgrad state (mxmoe_backward with deferred_wgrad) own the
+ *   library memory they hold and keep alive what freeing it needs, in particular the allocator
+ *   callbacks of the context that allocated it. The contexts may therefore be destroyed before the
+ *   states they produced; mxmoe_backward and mxmoe_compute_wgrad may run with any live context
+ *   (another one than the forward's included).
+ * - The caller's alloc / free callbacks and alloc_user (and, on CUDA, options.stream, on which the
+ *   memory is freed) must stay valid until the last context and the last state that came from that
+ *   context are destroyed: free is called when a state is destroyed or consumed, even after its
+ *   context was destroyed.
+ * - The caller's tensors a forward reads (x, offsets, probs, w1, b1, w2, b2) are referenced, not
+ *   copied: they must stay alive and unchanged until mxmoe_backward (and, when deferred,
+ *   mxmoe_compute_wgrad; for the BF16 recipe x and dy too) has run.
+ * - A handle must not be used by two threads at once; mxmoe_last_error() is per thread. */
 typedef struct mxmoe_context_s* mxmoe_context;
 typedef struct mxmoe_saved_s* mxmoe_saved;
 typedef struct mxmoe_wgrad_s* mxmoe_wgrad;

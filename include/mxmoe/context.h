@@ -12,7 +12,10 @@ namespace mxmoe {
 
 // Where the library's own memory (workspaces, saved-for-backward state) comes from. Unset: host
 // memory for the CPU backend, cudaMallocAsync/cudaFreeAsync on the stream for CUDA (both legal in
-// CUDA-graph capture). Frameworks plug in their caching allocator here (PyTorch does).
+// CUDA-graph capture). Frameworks plug in their caching allocator here (PyTorch does). Every
+// buffer keeps a copy of this struct and calls `release` with `user` when it is freed, so the
+// functions and `user` must stay valid until the last SavedState / WgradState allocated through it is
+// destroyed, which may be after the Context (the C ABI keeps its own bridge alive that way).
 struct Allocator {
   void* (*allocate)(int64_t bytes, Device device, void* stream, void* user) = nullptr;
   void (*release)(void* ptr, int64_t bytes, Device device, void* stream, void* user) = nullptr;

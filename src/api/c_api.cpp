@@ -3,14 +3,16 @@
 #include "mxmoe/c_api.h"
 
 #include <memory>
+#include <new>
 #include <sstream>
 #include <string>
 
 #include "mxmoe/mxmoe.h"
 
 namespace {
-// The C allocator callbacks, adapted to mxmoe::Allocator; owned by the context so it outlives
-// every buffer the context hands out.
+// The C allocator callbacks, adapted to mxmoe::Allocator. Every Buffer allocated through it keeps
+// a raw pointer to it, so it is shared by the context and every saved / wgrad state whose buffers
+// came from it: it lives until the last of them is destroyed, in any order (c_api.h "Lifetimes").
 struct AllocBridge {
   mxmoe_alloc_fn alloc = nullptr;
   mxmoe_free_fn free = nullptr;
@@ -30,17 +32,21 @@ mxmoe::Options with_bridge(mxmoe::Options o, AllocBridge* b) {
 }
 }  // namespace
 
+// Each handle declares its bridges first: constructed before, destroyed after its state's buffers.
 struct mxmoe_context_s {
-  std::unique_ptr<AllocBridge> bridge;  // declared first: constructed before, destroyed after ctx
+  std::shared_ptr<AllocBridge> bridge;
   mxmoe::Context ctx;
   std::string last_backend;
-  mxmoe_context_s(std::unique_ptr<AllocBridge> b, mxmoe::Options o)
+  mxmoe_context_s(std::shared_ptr<AllocBridge> b, mxmoe::Options o)
       : bridge(std::move(b)), ctx(with_bridge(std::move(o), bridge.get())) {}
 };
 struct mxmoe_saved_s {
+  std::shared_ptr<AllocBridge> bridge;  // the forward's context's: the saved buffers came from it
   mxmoe::SavedState state;
 };
 struct mxmoe_wgrad_s {
+  std::shared_ptr<AllocBridge> forward_bridge;   // x_col / a_col / a moved in from the saved state
+  std::shared_ptr<AllocBridge> backward_bridge;  // dy_col / dc_col / dc allocated by the backward
   mxmoe::WgradState state;
 };
 
@@ -62,12 +68,17 @@ mxmoe_status guarded(F&& f) {
     g_last_error.clear();
     f();
     return MXMOE_OK;
+  } catch (const OutOfMemoryError& e) {
+    return fail(MXMOE_ERROR_OUT_OF_MEMORY, e.what());
   } catch (const Error& e) {
     const std::string& arg = e.argument();
     if (arg == "cuda") return fail(MXMOE_ERROR_CUDA, e.what());
     if (arg == "backend" || (arg == "options.backend" && std::string(e.what()).find("cannot run") != std::string::npos))
       return fail(MXMOE_ERROR_UNAVAILABLE, e.what());
     return fail(MXMOE_ERROR_INVALID_ARGUMENT, e.what());
+  } catch (const std::bad_alloc& e) {
+    return fail(MXMOE_ERROR_OUT_OF_MEMORY, std::string("memory: a host allocation inside the library failed (") +
+                                               e.what() + ")");
   } catch (const std::exception& e) {
     return fail(MXMOE_ERROR_INTERNAL, e.what());
   } catch (...) {
@@ -156,7 +167,7 @@ mxmoe_status mxmoe_context_create(const mxmoe_options* o, mxmoe_context* out) {
     require(out, "out");
     *out = nullptr;
     Options opt;
-    auto bridge = std::make_unique<AllocBridge>();
+    auto bridge = std::make_shared<AllocBridge>();
     if (o) {
       check_struct(o->struct_size, sizeof(mxmoe_options), "options");
       if (o->backend) opt.backend = o->backend;
@@ -208,7 +219,7 @@ mxmoe_status mxmoe_forward(mxmoe_context ctx, const mxmoe_problem* p, const mxmo
     f.y = view(a->y, "y");
     const Problem q = problem(*p);
     ctx->ctx.clear_report();
-    auto* s = new mxmoe_saved_s{forward(ctx->ctx, q, f)};
+    auto* s = new mxmoe_saved_s{ctx->bridge, forward(ctx->ctx, q, f)};
     *saved_out = s;
   });
 }
@@ -232,7 +243,7 @@ mxmoe_status mxmoe_backward(mxmoe_context ctx, mxmoe_saved saved, const mxmoe_ba
     b.grads = grads(a->grads);
     b.wgrad = a->deferred_wgrad ? WgradMode::deferred : WgradMode::now;
     WgradState w = backward(ctx->ctx, saved->state, b);
-    if (a->deferred_wgrad) *wgrad_out = new mxmoe_wgrad_s{std::move(w)};
+    if (a->deferred_wgrad) *wgrad_out = new mxmoe_wgrad_s{saved->bridge, ctx->bridge, std::move(w)};
   });
 }
 

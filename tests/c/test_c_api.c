@@ -1,6 +1,8 @@
 /* The C ABI from C: a whole forward + deferred backward on the CPU backend with a caller
  * allocator, checked against properties that must hold (finite outputs, dense == per-expert,
- * bad input -> INVALID_ARGUMENT with a message naming the argument, nothing written). */
+ * bad input -> INVALID_ARGUMENT with a message naming the argument, nothing written); handles
+ * destroyed in every order (c_api.h "Lifetimes"; also run under AddressSanitizer when the build
+ * can, CApi.LifetimesUnderAddressSanitizer); out of memory -> MXMOE_ERROR_OUT_OF_MEMORY. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,20 +50,104 @@ static mxmoe_tensor tensor(void* data, int dtype, int rank, int64_t a, int64_t b
   return t;
 }
 
-static int64_t live = 0, allocs = 0;
+/* The caller allocator. Every block records the alloc_user it was allocated for; freeing it with
+ * another user (or with garbage) is counted, so a free through a dangling bridge is caught even
+ * without AddressSanitizer. `fail_allocs` makes it return NULL (out of memory). */
+typedef struct pool {
+  int64_t live, allocs;
+} pool;
+static pool main_pool, other_pool;
+static int64_t live = 0, allocs = 0, bad_frees = 0;
+static int fail_allocs = 0;
+enum { HEADER = 64 };
 static void* my_alloc(int64_t bytes, int32_t dt, int32_t di, void* stream, void* user) {
-  (void)dt, (void)di, (void)stream, (void)user;
+  (void)dt, (void)di, (void)stream;
+  if (fail_allocs) return NULL;
+  char* block = (char*)malloc((size_t)bytes + HEADER);
+  memcpy(block, &user, sizeof user);
+  pool* p = (pool*)user;
+  p->live += bytes;
+  ++p->allocs;
   live += bytes;
   ++allocs;
-  return malloc((size_t)bytes);
+  return block + HEADER;
 }
-static void my_free(void* p, int64_t bytes, int32_t dt, int32_t di, void* stream, void* user) {
-  (void)dt, (void)di, (void)stream, (void)user;
+static void my_free(void* ptr, int64_t bytes, int32_t dt, int32_t di, void* stream, void* user) {
+  (void)dt, (void)di, (void)stream;
+  char* block = (char*)ptr - HEADER;
+  void* owner;
+  memcpy(&owner, block, sizeof owner);
+  if (owner != user || (user != &main_pool && user != &other_pool)) {
+    ++bad_frees;
+    return; /* not ours to account (would be a use of a dangling bridge) */
+  }
+  ((pool*)user)->live -= bytes;
   live -= bytes;
-  free(p);
+  free(block);
 }
 
 enum { H = 64, F = 32, E = 3, T = 40 };
+
+/* Handles destroyed in every order: a context (with a caller allocator) before the saved state it
+ * produced, backward and compute_wgrad through other contexts, a wgrad state after every context.
+ * Every free must reach the callbacks with the alloc_user of the context that allocated the block. */
+static void lifetimes(const mxmoe_problem* p, const mxmoe_forward_args* fa, const mxmoe_backward_args* ba,
+                      const mxmoe_weight_grads* g) {
+  mxmoe_options oa, ob;
+  memset(&oa, 0, sizeof oa);
+  oa.struct_size = sizeof oa;
+  oa.backend = "cpu";
+  oa.alloc = my_alloc;
+  oa.free = my_free;
+  oa.alloc_user = &main_pool;
+  ob = oa;
+  ob.alloc_user = &other_pool;
+  const int64_t main_before = main_pool.live, bad_before = bad_frees;
+  mxmoe_context a = NULL, b = NULL, c = NULL;
+  mxmoe_saved saved = NULL;
+  mxmoe_wgrad wg = NULL;
+
+  /* 1. forward (a), destroy a; deferred backward (b), destroy b; destroy saved; compute_wgrad
+   *    through c (the library's own memory), destroy c, then the wgrad state. */
+  CHECK(mxmoe_context_create(&oa, &a) == MXMOE_OK, "%s", mxmoe_last_error());
+  CHECK(mxmoe_forward(a, p, fa, &saved) == MXMOE_OK, "%s", mxmoe_last_error());
+  mxmoe_context_destroy(a);
+  CHECK(mxmoe_context_create(&ob, &b) == MXMOE_OK, "%s", mxmoe_last_error());
+  CHECK(mxmoe_backward(b, saved, ba, &wg) == MXMOE_OK, "%s", mxmoe_last_error());
+  mxmoe_context_destroy(b);
+  mxmoe_saved_destroy(saved);
+  CHECK(other_pool.live > 0, "the deferred backward's operands live in the second context's memory");
+  CHECK(mxmoe_context_create(NULL, &c) == MXMOE_OK, "%s", mxmoe_last_error());
+  CHECK(mxmoe_compute_wgrad(c, wg, g) == MXMOE_OK, "%s", mxmoe_last_error());
+  mxmoe_context_destroy(c);
+  mxmoe_wgrad_destroy(wg);
+
+  /* 2. A saved state never consumed, destroyed after its context. */
+  CHECK(mxmoe_context_create(&oa, &a) == MXMOE_OK, "%s", mxmoe_last_error());
+  CHECK(mxmoe_forward(a, p, fa, &saved) == MXMOE_OK, "%s", mxmoe_last_error());
+  mxmoe_context_destroy(a);
+  CHECK(mxmoe_context_create(&ob, &b) == MXMOE_OK, "%s", mxmoe_last_error());
+  mxmoe_saved_destroy(saved);
+  mxmoe_context_destroy(b);
+
+  /* 3. A wgrad state never computed, destroyed after the context and the saved state. */
+  CHECK(mxmoe_context_create(&oa, &a) == MXMOE_OK, "%s", mxmoe_last_error());
+  CHECK(mxmoe_forward(a, p, fa, &saved) == MXMOE_OK, "%s", mxmoe_last_error());
+  CHECK(mxmoe_backward(a, saved, ba, &wg) == MXMOE_OK, "%s", mxmoe_last_error());
+  mxmoe_context_destroy(a);
+  mxmoe_saved_destroy(saved);
+  CHECK(mxmoe_context_create(&ob, &b) == MXMOE_OK, "%s", mxmoe_last_error());
+  mxmoe_wgrad_destroy(wg);
+  mxmoe_context_destroy(b);
+
+  mxmoe_saved_destroy(NULL);
+  mxmoe_wgrad_destroy(NULL);
+  mxmoe_context_destroy(NULL);
+  CHECK(bad_frees == bad_before, "%lld frees reached the callbacks with the wrong alloc_user (dangling allocator)",
+        (long long)(bad_frees - bad_before));
+  CHECK(main_pool.live == main_before && other_pool.live == 0, "live bytes after every handle is gone: %lld, %lld",
+        (long long)(main_pool.live - main_before), (long long)other_pool.live);
+}
 
 int main(void) {
   unsigned seed = 12345u;
@@ -81,6 +167,7 @@ int main(void) {
   opt.backend = "cpu";
   opt.alloc = my_alloc;
   opt.free = my_free;
+  opt.alloc_user = &main_pool;
   mxmoe_context ctx = NULL;
   CHECK(mxmoe_context_create(&opt, &ctx) == MXMOE_OK, "%s", mxmoe_last_error());
 
@@ -159,12 +246,74 @@ int main(void) {
   CHECK(mxmoe_forward(gpu, &p, &fa, &saved) == MXMOE_ERROR_UNAVAILABLE, "status for forced gpu: %s", mxmoe_last_error());
   mxmoe_context_destroy(gpu);
 
+  /* Messages: a missing tensor is named as missing (not as "dtype f32 is not bf16"); a device
+   * mismatch names both tensors and both devices. */
+  {
+    mxmoe_forward_args m = fa;
+    memset(&m.y, 0, sizeof m.y);
+    CHECK(mxmoe_forward(ctx, &p, &m, &saved) == MXMOE_ERROR_INVALID_ARGUMENT, "missing y");
+    CHECK(strstr(mxmoe_last_error(), "y: missing (no data pointer)") != NULL, "message: %s", mxmoe_last_error());
+    m = fa;
+    m.x.device_type = m.probs.device_type = m.w1.dense.device_type = m.w2.dense.device_type = MXMOE_CUDA;
+    m.y.device_type = MXMOE_CUDA;
+    CHECK(mxmoe_forward(ctx, &p, &m, &saved) == MXMOE_ERROR_INVALID_ARGUMENT, "offsets on the cpu");
+    CHECK(strstr(mxmoe_last_error(), "offsets: is on cpu but x is on cuda:0") != NULL, "message: %s",
+          mxmoe_last_error());
+  }
+
+  /* hidden = ffn = 2^31 (once a signed overflow in the size arithmetic): refused by the bounds,
+   * naming the field. */
+  {
+    mxmoe_problem big = p;
+    mxmoe_forward_args m = fa;
+    big.hidden = big.ffn = (int64_t)1 << 31;
+    m.x.shape[1] = m.y.shape[1] = m.w2.dense.shape[1] = m.w1.dense.shape[2] = big.hidden;
+    m.w1.dense.shape[1] = 2 * big.ffn;
+    m.w2.dense.shape[2] = big.ffn;
+    CHECK(mxmoe_forward(ctx, &big, &m, &saved) == MXMOE_ERROR_INVALID_ARGUMENT, "2^31: %s", mxmoe_last_error());
+    CHECK(strstr(mxmoe_last_error(), "problem.hidden: hidden=2147483648 exceeds the bound") != NULL, "message: %s",
+          mxmoe_last_error());
+    CHECK(saved == NULL, "no saved state on error");
+  }
+
+  /* Out of memory: the caller's allocator returns NULL -> MXMOE_ERROR_OUT_OF_MEMORY with what the
+   * call needs; nothing written, nothing leaked; a backward that runs out keeps its saved state. */
+  {
+    const int64_t live_before = live;
+    memset(y, 0x3C, sizeof y);
+    memcpy(y2, y, sizeof y);
+    fail_allocs = 1;
+    CHECK(mxmoe_forward(ctx, &p, &fa, &saved) == MXMOE_ERROR_OUT_OF_MEMORY, "status: %s", mxmoe_last_error());
+    CHECK(strstr(mxmoe_last_error(), "forward (T=40, H=64 F=32 E=3") != NULL &&
+              strstr(mxmoe_last_error(), "needs about") != NULL &&
+              strstr(mxmoe_last_error(), "allocator returned null") != NULL,
+          "message: %s", mxmoe_last_error());
+    CHECK(saved == NULL, "no saved state on error");
+    CHECK(memcmp(y, y2, sizeof y) == 0, "y written on out-of-memory");
+    fail_allocs = 0;
+    CHECK(mxmoe_forward(ctx, &p, &fa, &saved) == MXMOE_OK, "%s", mxmoe_last_error());
+    fail_allocs = 1;
+    wg = NULL;
+    CHECK(mxmoe_backward(ctx, saved, &ba, &wg) == MXMOE_ERROR_OUT_OF_MEMORY, "status: %s", mxmoe_last_error());
+    CHECK(strstr(mxmoe_last_error(), "backward (T=40") != NULL, "message: %s", mxmoe_last_error());
+    CHECK(wg == NULL, "no wgrad state on error");
+    fail_allocs = 0;
+    CHECK(mxmoe_backward(ctx, saved, &ba, &wg) == MXMOE_OK, "%s", mxmoe_last_error());
+    mxmoe_wgrad_destroy(wg);
+    mxmoe_saved_destroy(saved);
+    saved = NULL;
+    CHECK(live == live_before, "leak after out-of-memory: %lld bytes", (long long)(live - live_before));
+  }
+
+  lifetimes(&p, &fa, &ba, &g);
+
   opt.backend = "no_such_backend";
   mxmoe_context bad = NULL;
   CHECK(mxmoe_context_create(&opt, &bad) == MXMOE_ERROR_INVALID_ARGUMENT && bad == NULL, "unknown backend");
   mxmoe_context_destroy(ctx);
   CHECK(live == 0 && allocs > 0, "caller allocator: %lld bytes still live after %lld allocations", (long long)live,
         (long long)allocs);
+  CHECK(bad_frees == 0, "%lld frees with the wrong alloc_user", (long long)bad_frees);
 
   printf("%d passed, %d failed\n", failures ? 0 : 1, failures ? 1 : 0);
   return failures ? 1 : 0;

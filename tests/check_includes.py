@@ -59,7 +59,8 @@ def resolve(root, including, name):
     """Repository-relative path of an #include, or None for a header outside the repository."""
     for base in (os.path.dirname(including), "", "include"):
         candidate = os.path.normpath(os.path.join(base, name))
-        if os.path.isfile(os.path.join(root, candidate)):
+        # X.in: a header CMake's configure_file generates into the build tree (mxmoe/version.h).
+        if os.path.isfile(os.path.join(root, candidate)) or os.path.isfile(os.path.join(root, candidate + ".in")):
             return candidate.replace(os.sep, "/")
     return None
 

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "mxmoe/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -124,26 +126,26 @@ typedef struct mxmoe_context_s* mxmoe_context;
 typedef struct mxmoe_saved_s* mxmoe_saved;
 typedef struct mxmoe_wgrad_s* mxmoe_wgrad;
 
-const char* mxmoe_version(void);
+MXMOE_API const char* mxmoe_version(void);
 /* The message of the last failed call on this thread ("" if none). Valid until the next call. */
-const char* mxmoe_last_error(void);
+MXMOE_API const char* mxmoe_last_error(void);
 
-mxmoe_status mxmoe_context_create(const mxmoe_options* options, mxmoe_context* out);
-void mxmoe_context_destroy(mxmoe_context ctx);
+MXMOE_API mxmoe_status mxmoe_context_create(const mxmoe_options* options, mxmoe_context* out);
+MXMOE_API void mxmoe_context_destroy(mxmoe_context ctx);
 /* The backend that ran `step` ("fc1_fprop", "fc2_wgrad", ...) in the last calls, or NULL. */
-const char* mxmoe_context_step_backend(mxmoe_context ctx, const char* step);
+MXMOE_API const char* mxmoe_context_step_backend(mxmoe_context ctx, const char* step);
 
-mxmoe_status mxmoe_forward(mxmoe_context ctx, const mxmoe_problem* problem, const mxmoe_forward_args* args,
-                           mxmoe_saved* saved_out);
-int64_t mxmoe_saved_bytes(mxmoe_saved saved);
-void mxmoe_saved_destroy(mxmoe_saved saved);
+MXMOE_API mxmoe_status mxmoe_forward(mxmoe_context ctx, const mxmoe_problem* problem,
+                                     const mxmoe_forward_args* args, mxmoe_saved* saved_out);
+MXMOE_API int64_t mxmoe_saved_bytes(mxmoe_saved saved);
+MXMOE_API void mxmoe_saved_destroy(mxmoe_saved saved);
 
 /* Consumes the saved state's contents (the handle must still be destroyed). With deferred_wgrad,
  * *wgrad_out receives the operands of the weight gradients; else it is set to NULL. */
-mxmoe_status mxmoe_backward(mxmoe_context ctx, mxmoe_saved saved, const mxmoe_backward_args* args,
-                            mxmoe_wgrad* wgrad_out);
-mxmoe_status mxmoe_compute_wgrad(mxmoe_context ctx, mxmoe_wgrad wgrad, const mxmoe_weight_grads* grads);
-void mxmoe_wgrad_destroy(mxmoe_wgrad wgrad);
+MXMOE_API mxmoe_status mxmoe_backward(mxmoe_context ctx, mxmoe_saved saved, const mxmoe_backward_args* args,
+                                      mxmoe_wgrad* wgrad_out);
+MXMOE_API mxmoe_status mxmoe_compute_wgrad(mxmoe_context ctx, mxmoe_wgrad wgrad, const mxmoe_weight_grads* grads);
+MXMOE_API void mxmoe_wgrad_destroy(mxmoe_wgrad wgrad);
 
 #ifdef __cplusplus
 }

@@ -53,7 +53,7 @@ namespace detail {
 struct ContextImpl;
 }
 
-class Context {
+class MXMOE_API Context {
  public:
   explicit Context(Options options = {});
   ~Context();
@@ -74,9 +74,9 @@ class Context {
 };
 
 // Library facts for `mxmoe info`.
-const char* version();
-std::string build_options();
-int cuda_device_count();  // 0 without a GPU or without CUDA support compiled in
-std::string cuda_device_description(int index);
+MXMOE_API const char* version();
+MXMOE_API std::string build_options();
+MXMOE_API int cuda_device_count();  // 0 without a GPU or without CUDA support compiled in
+MXMOE_API std::string cuda_device_description(int index);
 
 }  // namespace mxmoe

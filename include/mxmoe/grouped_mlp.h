@@ -54,7 +54,7 @@ struct WgradImpl;
 }
 
 // What forward keeps for backward (docs/numerics.md "Layer dataflow"), owned by the library.
-class SavedState {
+class MXMOE_API SavedState {
  public:
   SavedState();
   explicit SavedState(std::unique_ptr<detail::SavedImpl> impl);
@@ -70,7 +70,7 @@ class SavedState {
 };
 
 // Operands a deferred weight-gradient call needs (col-wise X, dC, A and dY, or their BF16 copies).
-class WgradState {
+class MXMOE_API WgradState {
  public:
   WgradState();
   explicit WgradState(std::unique_ptr<detail::WgradImpl> impl);
@@ -85,13 +85,13 @@ class WgradState {
   std::unique_ptr<detail::WgradImpl> impl_;
 };
 
-SavedState forward(Context& ctx, const Problem& problem, const ForwardArgs& args);
+MXMOE_API SavedState forward(Context& ctx, const Problem& problem, const ForwardArgs& args);
 
 // Consumes `saved`. With WgradMode::deferred, returns the operands for compute_wgrad().
-WgradState backward(Context& ctx, SavedState& saved, const BackwardArgs& args);
+MXMOE_API WgradState backward(Context& ctx, SavedState& saved, const BackwardArgs& args);
 
 // Computes dW1 and dW2 from a deferred backward into `grads` (db are not touched here).
-void compute_wgrad(Context& ctx, WgradState& state, const WeightGrads& grads);
+MXMOE_API void compute_wgrad(Context& ctx, WgradState& state, const WeightGrads& grads);
 
 // ---- Caller-owned state, for frameworks whose autograd keeps the tensors (PyTorch) ----
 // What forward keeps for backward, and a deferred backward for compute_wgrad(), in caller memory.
@@ -109,16 +109,18 @@ struct StateBuffers {
 
 // forward() writing what it saves into `saved` (c, a or x_col and a_col); the SavedState it returns
 // owns none of that memory.
-SavedState forward(Context& ctx, const Problem& problem, const ForwardArgs& args, const StateBuffers& saved);
+MXMOE_API SavedState forward(Context& ctx, const Problem& problem, const ForwardArgs& args,
+                             const StateBuffers& saved);
 // The SavedState of such a forward, rebuilt from its inputs (inputs.y unused; inputs.x may be empty
 // for mxfp8, whose backward needs only x_col) and the buffers it filled.
-SavedState restore_saved_state(const Problem& problem, const ForwardArgs& inputs, const StateBuffers& saved);
+MXMOE_API SavedState restore_saved_state(const Problem& problem, const ForwardArgs& inputs, const StateBuffers& saved);
 // backward() with args.wgrad == deferred writing its wgrad operands into `state` (dc, or dy_col and
 // dc_col); the WgradState it returns owns none of that memory.
-WgradState backward(Context& ctx, SavedState& saved, const BackwardArgs& args, const StateBuffers& state);
+MXMOE_API WgradState backward(Context& ctx, SavedState& saved, const BackwardArgs& args,
+                              const StateBuffers& state);
 // The WgradState of such a backward: inputs.offsets (and inputs.x and dy for bf16), the forward's
 // a / x_col, a_col and the deferred backward's dc / dy_col, dc_col.
-WgradState restore_wgrad_state(const Problem& problem, const ForwardArgs& inputs, const TensorView& dy,
-                               const StateBuffers& state);
+MXMOE_API WgradState restore_wgrad_state(const Problem& problem, const ForwardArgs& inputs, const TensorView& dy,
+                                         const StateBuffers& state);
 
 }  // namespace mxmoe

@@ -9,3 +9,4 @@
 #include "mxmoe/problem.h"
 #include "mxmoe/tensor.h"
 #include "mxmoe/types.h"
+#include "mxmoe/version.h"

@@ -43,7 +43,7 @@ struct QuantizeArgs {
   Mxfp8View rowwise;    // optional output (axis row)
   Mxfp8View colwise;    // optional output (axis col)
 };
-void quantize_mxfp8(Context& ctx, const QuantizeArgs& args);
+MXMOE_API void quantize_mxfp8(Context& ctx, const QuantizeArgs& args);
 
 // dst: f32 or bf16 [M, K]; src axis row or col (col with optional groups).
 struct DequantizeArgs {
@@ -51,7 +51,7 @@ struct DequantizeArgs {
   GroupOffsets groups;  // optional, column-wise only
   TensorView dst;
 };
-void dequantize_mxfp8(Context& ctx, const DequantizeArgs& args);
+MXMOE_API void dequantize_mxfp8(Context& ctx, const DequantizeArgs& args);
 
 // ---- m-grouped GEMM: D[t, :] = A[t, :] . B_e (+ bias_e) for the rows t of group e ----
 // A: [T, K] bf16 or MXFP8 row-wise. B_e: [N, K] (b_kn = false, fprop) or [K, N] (b_kn = true, dgrad).
@@ -64,7 +64,7 @@ struct MGroupedGemmArgs {
   TensorView bias;  // optional bf16 [E, N]
   TensorView d;
 };
-void grouped_gemm_m(Context& ctx, const MGroupedGemmArgs& args);
+MXMOE_API void grouped_gemm_m(Context& ctx, const MGroupedGemmArgs& args);
 
 // ---- k-grouped GEMM: D_e = A_e^T B_e over the group's own rows (the "wgrad" GEMM) ----
 // A: [T, M], B: [T, N], bf16 or MXFP8 column-wise (group-aware). D_e: [M, N], f32 with
@@ -76,6 +76,6 @@ struct KGroupedGemmArgs {
   ExpertMatrices d;
   bool accumulate = false;
 };
-void grouped_gemm_k(Context& ctx, const KGroupedGemmArgs& args);
+MXMOE_API void grouped_gemm_k(Context& ctx, const KGroupedGemmArgs& args);
 
 }  // namespace mxmoe

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include "mxmoe/export.h"
+
 namespace mxmoe {
 
 enum class Activation : uint8_t { swiglu, clamped_swiglu };
@@ -43,16 +45,16 @@ struct Problem {
   WeightLayout weight_layout = WeightLayout::dense;
 };
 
-const char* to_string(Activation a);
-const char* to_string(GluLayout g);
-const char* to_string(Recipe r);
-const char* to_string(WeightLayout w);
-std::string describe(const Problem& p);
+MXMOE_API const char* to_string(Activation a);
+MXMOE_API const char* to_string(GluLayout g);
+MXMOE_API const char* to_string(Recipe r);
+MXMOE_API const char* to_string(WeightLayout w);
+MXMOE_API std::string describe(const Problem& p);
 
 // Throws mxmoe::Error naming the field when the problem cannot be computed (docs/numerics.md "Dimensions": H, F
 // multiples of 32 for MXFP8 and of 8 for BF16; interleave32 needs F % 32 == 0; E >= 1) or exceeds
 // the bounds above (H <= kMaxHidden, F <= kMaxFfn, E <= kMaxExperts).
-void validate_problem(const Problem& p);
+MXMOE_API void validate_problem(const Problem& p);
 
 // FLOPs of one forward (6 T H F) and one backward with wgrad (12 T H F).
 inline double forward_flops(const Problem& p, int64_t tokens) {

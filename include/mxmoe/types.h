@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "mxmoe/export.h"
+
 #if defined(__CUDACC__)
 #define MXMOE_HD __host__ __device__ __forceinline__
 #else
@@ -24,13 +26,13 @@ struct Device {
   bool operator==(const Device&) const = default;
 };
 
-size_t dtype_size(DType t);
-const char* dtype_name(DType t);
-std::string device_name(Device d);
+MXMOE_API size_t dtype_size(DType t);
+MXMOE_API const char* dtype_name(DType t);
+MXMOE_API std::string device_name(Device d);
 
 // The one error type every entry point throws. `argument` names what was wrong; the message
 // names the argument and the offending value, e.g. "offsets[3]=17 < offsets[2]=20 (must be monotone)".
-class Error : public std::runtime_error {
+class MXMOE_API Error : public std::runtime_error {
  public:
   Error(std::string argument, const std::string& message)
       : std::runtime_error(argument + ": " + message), argument_(std::move(argument)) {}
@@ -43,7 +45,7 @@ class Error : public std::runtime_error {
 // The memory a call needs cannot be had: an allocation failed (host, device or the caller's
 // Options::allocator) or the call's estimate exceeds the device's memory. The message says how much
 // the call needs in all and which allocation failed. The C ABI maps it to MXMOE_ERROR_OUT_OF_MEMORY.
-class OutOfMemoryError : public Error {
+class MXMOE_API OutOfMemoryError : public Error {
  public:
   using Error::Error;
 };

@@ -1,6 +1,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "mxmoe/version.h"
 #include "src/dispatch/context_impl.h"
 #include "src/dispatch/backend.h"
 

@@ -4,6 +4,8 @@ every size is plain integer arithmetic, so symbolic token counts work."""
 
 import torch
 
+from ._checks import check_devices
+
 E4M3 = torch.float8_e4m3fn
 SCALE = torch.uint8
 BLOCK = 32
@@ -28,6 +30,13 @@ def colwise_matrix_scale_bytes(rows, cols):
 
 def _colwise(like, rows, cols, groups):
     return [like.new_empty((rows, cols), dtype=E4M3), like.new_empty((colwise_scale_bytes(rows, cols, groups),), dtype=SCALE)]
+
+
+def _layer_devices(op, x, dy=None, saved=None, offsets=None, probs=None, w1=None, b1=None, w2=None, b2=None, *rest):
+    # The fake kernel also serves mixed real tensors (meta offsets with CPU data dispatch here):
+    # such a mix is an error, as it is in the CPU and CUDA kernels.
+    check_devices(op, ("x", x), ("dy", dy), ("saved", saved), ("offsets", offsets), ("probs", probs), ("w1", w1),
+                  ("b1", b1), ("w2", w2), ("b2", b2), *rest)
 
 
 def _dims(w1):
@@ -55,6 +64,7 @@ def deferred_buffers(like, recipe, tokens, experts, ffn, hidden):
 @torch.library.register_fake("mxmoe::grouped_mlp_forward")
 def _grouped_mlp_forward(x, offsets, probs, w1, b1, w2, b2, recipe, activation, limit, alpha, linear_offset,
                          glu_layout, scale_fc2_bias):
+    _layer_devices("grouped_mlp_forward", x, None, None, offsets, probs, w1, b1, w2, b2)
     E, F, H = _dims(w1)
     T = x.shape[0]
     return x.new_empty((T, H)), _saved(x, recipe, T, E, F, H)
@@ -72,6 +82,7 @@ def _backward_common(dy, saved, w1, recipe, defer_wgrad):
 @torch.library.register_fake("mxmoe::grouped_mlp_backward")
 def _grouped_mlp_backward(dy, saved, x, offsets, probs, w1, b1, w2, b2, recipe, activation, limit, alpha,
                           linear_offset, glu_layout, scale_fc2_bias, defer_wgrad):
+    _layer_devices("grouped_mlp_backward", x, dy, saved, offsets, probs, w1, b1, w2, b2)
     E, F, H, dx, dprobs, deferred = _backward_common(dy, saved, w1, recipe, defer_wgrad)
     bf = torch.bfloat16
     dw1 = dy.new_empty((0,) if defer_wgrad else (E, 2 * F, H), dtype=bf)
@@ -85,6 +96,9 @@ def _grouped_mlp_backward(dy, saved, x, offsets, probs, w1, b1, w2, b2, recipe, 
 def _grouped_mlp_backward_(dy, saved, x, offsets, probs, w1, b1, w2, b2, recipe, activation, limit, alpha,
                            linear_offset, glu_layout, scale_fc2_bias, defer_wgrad, main_grad_w1, main_grad_w2,
                            main_grad_b1, main_grad_b2, deferred):
+    _layer_devices("grouped_mlp_backward_", x, dy, saved, offsets, probs, w1, b1, w2, b2,
+                   ("main_grad_w1", main_grad_w1), ("main_grad_w2", main_grad_w2), ("main_grad_b1", main_grad_b1),
+                   ("main_grad_b2", main_grad_b2), ("deferred", deferred))
     _, _, _, dx, dprobs, _ = _backward_common(dy, saved, w1, recipe, False)
     return dx, dprobs
 
@@ -98,6 +112,8 @@ def _wgrad_dims(x, offsets, saved_tail, recipe):
 
 @torch.library.register_fake("mxmoe::grouped_mlp_wgrad")
 def _grouped_mlp_wgrad(x, dy, offsets, saved_tail, deferred, recipe):
+    check_devices("grouped_mlp_wgrad", ("x", x), ("dy", dy), ("saved_tail", saved_tail), ("offsets", offsets),
+                  ("deferred", deferred))
     E, F, H = _wgrad_dims(x, offsets, saved_tail, recipe)
     like = saved_tail[0]
     return like.new_empty((E, 2 * F, H), dtype=torch.bfloat16), like.new_empty((E, H, F), dtype=torch.bfloat16)
@@ -105,11 +121,14 @@ def _grouped_mlp_wgrad(x, dy, offsets, saved_tail, deferred, recipe):
 
 @torch.library.register_fake("mxmoe::grouped_mlp_wgrad_")
 def _grouped_mlp_wgrad_(x, dy, offsets, saved_tail, deferred, recipe, main_grad_w1, main_grad_w2):
+    check_devices("grouped_mlp_wgrad_", ("x", x), ("dy", dy), ("saved_tail", saved_tail), ("offsets", offsets),
+                  ("deferred", deferred), ("main_grad_w1", main_grad_w1), ("main_grad_w2", main_grad_w2))
     return None
 
 
 @torch.library.register_fake("mxmoe::quantize_mxfp8")
 def _quantize_mxfp8(x, axis, groups=None, scale_layout="compact"):
+    check_devices("quantize_mxfp8", ("x", x), ("groups", groups))
     M, K = x.shape
     groups_n = groups.shape[0] - 1 if groups is not None else 1
     n = rowwise_scale_bytes(M, K) if axis == "row" else colwise_scale_bytes(M, K, groups_n)
@@ -118,20 +137,27 @@ def _quantize_mxfp8(x, axis, groups=None, scale_layout="compact"):
 
 @torch.library.register_fake("mxmoe::dequantize_mxfp8")
 def _dequantize_mxfp8(data, scales, axis, groups=None, scale_layout="compact", dtype=None):
+    check_devices("dequantize_mxfp8", ("data", data), ("scales", scales), ("groups", groups))
     return data.new_empty(data.shape, dtype=dtype or torch.float32)
 
 
 @torch.library.register_fake("mxmoe::grouped_gemm_m")
 def _grouped_gemm_m(a, a_scales, offsets, b, b_scales, b_kn=False, bias=None, scale_layout="compact", dtype=None):
+    check_devices("grouped_gemm_m", ("a", a), ("a_scales", a_scales), ("offsets", offsets), ("b", b),
+                  ("b_scales", b_scales), ("bias", bias))
     N = b.shape[2] if b_kn else b.shape[1]
     return a.new_empty((a.shape[0], N), dtype=dtype or torch.bfloat16)
 
 
 @torch.library.register_fake("mxmoe::grouped_gemm_k")
 def _grouped_gemm_k(a, a_scales, b, b_scales, offsets, scale_layout="compact", dtype=None):
+    check_devices("grouped_gemm_k", ("a", a), ("a_scales", a_scales), ("b", b), ("b_scales", b_scales),
+                  ("offsets", offsets))
     return a.new_empty((offsets.shape[0] - 1, a.shape[1], b.shape[1]), dtype=dtype or torch.float32)
 
 
 @torch.library.register_fake("mxmoe::grouped_gemm_k_")
 def _grouped_gemm_k_(a, a_scales, b, b_scales, offsets, out, accumulate, scale_layout="compact"):
+    check_devices("grouped_gemm_k_", ("a", a), ("a_scales", a_scales), ("b", b), ("b_scales", b_scales),
+                  ("offsets", offsets), ("out", out))
     return None

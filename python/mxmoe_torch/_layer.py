@@ -11,18 +11,43 @@ conveniences run in eager mode only:
 """
 
 import math
+import numbers
 
 import torch
 from torch import nn
 
+from ._checks import check_devices
 from ._fake import deferred_buffers
 
 _ops = torch.ops.mxmoe
 
 
-def offsets_from_counts(counts):
-    """Token counts per expert [E] (any int dtype, on any device) -> int32 offsets [E+1], on the
-    same device and without a host synchronisation."""
+_INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def offsets_from_counts(counts, *, check_values=None):
+    """Token counts per expert [E] (any integer dtype, on any device) -> int32 offsets [E+1], on the
+    same device.
+
+    A count below zero is an error. Finding one reads the values: that is done for CPU counts (and
+    for any device with check_values=True, at the cost of a host synchronisation); device counts
+    are not read by default (check_values=None), so the offsets are made without a host
+    synchronisation and inside CUDA-graph capture or torch.compile."""
+    if not isinstance(counts, torch.Tensor):
+        raise TypeError(f"mxmoe: offsets_from_counts: counts must be a tensor, got {type(counts).__name__}")
+    if counts.dtype not in _INTEGER_DTYPES:
+        raise TypeError(f"mxmoe: offsets_from_counts: counts must have an integer dtype (int32, int64, ...), "
+                        f"got {counts.dtype}")
+    if counts.dim() != 1:
+        raise ValueError(f"mxmoe: offsets_from_counts: counts must be 1-D [E], got shape {tuple(counts.shape)}")
+    if check_values is None:
+        check_values = counts.device.type == "cpu" and not torch.compiler.is_compiling()
+    if check_values and counts.numel() and counts.dtype != torch.uint8:
+        smallest = counts.min().item()
+        if smallest < 0:
+            first = (counts < 0).nonzero()[0, 0].item()
+            raise ValueError(f"mxmoe: offsets_from_counts: token counts must be >= 0, got counts[{first}] = "
+                             f"{counts[first].item()} (smallest {smallest})")
     return nn.functional.pad(torch.cumsum(counts, 0, dtype=torch.int32), (1, 0))
 
 
@@ -94,6 +119,63 @@ def _add_grad(param, grad):
         param.grad.add_(grad)
 
 
+ACTIVATIONS = ("swiglu", "clamped_swiglu")
+GLU_LAYOUTS = ("halves", "interleave32")
+RECIPES = ("mxfp8", "bf16")
+# Sizes the library takes per recipe (src/api/types.cpp validate_problem): hidden and ffn multiples of
+# this, experts and the sizes at most 2^20.
+_ALIGN = {"mxfp8": 32, "bf16": 8}
+_MAX_SIZE = 1 << 20
+
+
+def _choice(name, value, allowed):
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(f"mxmoe: GroupedMLP: {name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+
+
+def _size(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"mxmoe: GroupedMLP: {name} must be an int, got {value!r}")
+    if not 0 < value <= _MAX_SIZE:
+        raise ValueError(f"mxmoe: GroupedMLP: {name} must be in [1, 2^20], got {value}")
+    return int(value)
+
+
+def _real(name, value, positive=False):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"mxmoe: GroupedMLP: {name} must be a finite number, got {value!r}")
+    if positive and not value > 0:
+        raise ValueError(f"mxmoe: GroupedMLP: {name} must be > 0, got {value!r}")
+    return float(value)
+
+
+def _validate_config(hidden, ffn, experts, activation, glu_layout, bias, recipe, scale_fc2_bias, limit, alpha,
+                     linear_offset, dtype):
+    """The constructor's arguments, checked as the library will check the problem on the first
+    forward (docs/pytorch.md "The module"), so a bad one fails here and names itself."""
+    _choice("recipe", recipe, RECIPES)
+    _choice("activation", activation, ACTIVATIONS)
+    _choice("glu_layout", glu_layout, GLU_LAYOUTS)
+    hidden, ffn, experts = _size("hidden", hidden), _size("ffn", ffn), _size("experts", experts)
+    align = _ALIGN[recipe]
+    for name, value in (("hidden", hidden), ("ffn", ffn)):
+        if value % align:
+            raise ValueError(f"mxmoe: GroupedMLP: {name} must be a multiple of {align} for recipe={recipe!r}, "
+                             f"got {value}")
+    if glu_layout == "interleave32" and ffn % 32:
+        raise ValueError(f"mxmoe: GroupedMLP: ffn must be a multiple of 32 for glu_layout='interleave32', got {ffn}")
+    for name, value in (("bias", bias), ("scale_fc2_bias", scale_fc2_bias)):
+        if not isinstance(value, bool):
+            raise TypeError(f"mxmoe: GroupedMLP: {name} must be a bool, got {value!r}")
+    if scale_fc2_bias and not bias:
+        raise ValueError("mxmoe: GroupedMLP: scale_fc2_bias=True needs bias=True (it scales the FC2 bias)")
+    limit = _real("limit", limit, positive=activation == "clamped_swiglu")
+    alpha, linear_offset = _real("alpha", alpha), _real("linear_offset", linear_offset)
+    if dtype != torch.bfloat16:
+        raise ValueError(f"mxmoe: GroupedMLP: dtype must be torch.bfloat16 (mxmoe weights are bf16), got {dtype}")
+    return hidden, ffn, experts, limit, alpha, linear_offset
+
+
 class GroupedMLP(nn.Module):
     """The MoE expert MLP: for tokens t of expert e (rows offsets[e] .. offsets[e+1]-1 of x),
     y_t = W2_e (act(W1_e x_t + b1_e) * p_t) + b2_e (or p_t * b2_e with scale_fc2_bias).
@@ -107,13 +189,11 @@ class GroupedMLP(nn.Module):
                  scale_fc2_bias=False, limit=7.0, alpha=1.702, linear_offset=1.0, accumulate_into_main_grad=False,
                  delay_wgrad_compute=False, device=None, dtype=torch.bfloat16):
         super().__init__()
-        if recipe not in ("mxfp8", "bf16"):
-            raise ValueError(f"recipe must be 'mxfp8' or 'bf16', got {recipe!r}")
-        if dtype != torch.bfloat16:
-            raise ValueError("mxmoe weights are bf16")
+        hidden, ffn, experts, limit, alpha, linear_offset = _validate_config(
+            hidden, ffn, experts, activation, glu_layout, bias, recipe, scale_fc2_bias, limit, alpha, linear_offset,
+            dtype)
         self.hidden, self.ffn, self.experts = hidden, ffn, experts
-        self.config = (recipe, activation, float(limit), float(alpha), float(linear_offset), glu_layout,
-                       bool(scale_fc2_bias))
+        self.config = (recipe, activation, limit, alpha, linear_offset, glu_layout, scale_fc2_bias)
         self.accumulate_into_main_grad = accumulate_into_main_grad
         self.delay_wgrad_compute = delay_wgrad_compute
         kw = {"device": device, "dtype": dtype}
@@ -143,7 +223,10 @@ class GroupedMLP(nn.Module):
                 p.main_grad = torch.zeros_like(p, dtype=torch.float32)
 
     def forward(self, x, offsets, probs=None):
-        """x [T, H] (cast to bf16), offsets int32 [E+1] (never read on the host), probs [T] or None (= 1)."""
+        """x [T, H] (cast to bf16), offsets int32 [E+1] (never read on the host), probs [T] or None (= 1),
+        all on the parameters' device."""
+        check_devices("GroupedMLP.forward", ("x", x), ("offsets", offsets), ("probs", probs), ("w1", self.w1),
+                      ("w2", self.w2), ("b1", self.b1), ("b2", self.b2))
         if probs is None:
             probs = torch.ones(x.shape[0], dtype=torch.float32, device=x.device)
         eager_only = self.accumulate_into_main_grad or self.delay_wgrad_compute

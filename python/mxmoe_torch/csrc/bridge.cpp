@@ -52,6 +52,32 @@ Mxfp8View mx_view(const at::Tensor& data, const at::Tensor& scales, BlockAxis ax
   return v;
 }
 
+DeviceCheck& DeviceCheck::add(const std::string& name, const at::Tensor& t) {
+  if (t.defined()) seen_.emplace_back(name, t.device());
+  return *this;
+}
+
+DeviceCheck& DeviceCheck::add(const std::string& name, const std::optional<at::Tensor>& t) {
+  return t ? add(name, *t) : *this;
+}
+
+DeviceCheck& DeviceCheck::add(const std::string& name, at::TensorList list) {
+  for (size_t i = 0; i < list.size(); ++i) add(name + "[" + std::to_string(i) + "]", list[i]);
+  return *this;
+}
+
+void DeviceCheck::check() const {
+  if (seen_.empty()) return;
+  const auto& [ref_name, ref] = seen_.front();
+  std::string wrong;
+  for (size_t i = 1; i < seen_.size(); ++i) {
+    if (seen_[i].second == ref) continue;
+    wrong += (wrong.empty() ? "" : ", ") + seen_[i].first + " is on " + seen_[i].second.str();
+  }
+  TORCH_CHECK(wrong.empty(), "mxmoe: ", op_, ": every tensor must be on ", ref_name, "'s device (", ref.str(),
+              "), but ", wrong);
+}
+
 ScaleLayout parse_layout(const std::string& s) {
   if (s == "compact") return ScaleLayout::compact;
   if (s == "swizzled") return ScaleLayout::swizzled;

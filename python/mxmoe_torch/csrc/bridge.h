@@ -10,6 +10,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mxmoe/mxmoe.h"
@@ -24,6 +25,25 @@ TensorView view(const at::Tensor& t, std::optional<DType> as = std::nullopt);
 // Empty view for an absent optional tensor.
 TensorView view(const std::optional<at::Tensor>& t);
 Mxfp8View mx_view(const at::Tensor& data, const at::Tensor& scales, BlockAxis axis, ScaleLayout layout);
+
+// Every tensor argument of an op on one device, the first one given's (x for the layer ops); a
+// mismatch (CPU data with CUDA offsets, ...) is an error naming each tensor and its device. Absent
+// optionals are skipped; a list's tensors are named name[i]. Meta tensors never reach these
+// kernels: the dispatcher sends any call with one to the fake kernel, which checks the same
+// (mxmoe_torch/_checks.py).
+//   DeviceCheck("grouped_gemm_m").add("a", a).add("offsets", offsets).add("bias", bias).check();
+class DeviceCheck {
+ public:
+  explicit DeviceCheck(const char* op) : op_(op) {}
+  DeviceCheck& add(const std::string& name, const at::Tensor& t);
+  DeviceCheck& add(const std::string& name, const std::optional<at::Tensor>& t);
+  DeviceCheck& add(const std::string& name, at::TensorList list);
+  void check() const;
+
+ private:
+  const char* op_;
+  std::vector<std::pair<std::string, c10::Device>> seen_;
+};
 
 ScaleLayout parse_layout(const std::string& s);
 BlockAxis parse_axis(const std::string& s);

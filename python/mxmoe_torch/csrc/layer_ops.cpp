@@ -54,6 +54,17 @@ LayerScalars scalars(std::string recipe, std::string activation, double limit, d
   return {std::move(recipe), std::move(activation), limit, alpha, linear_offset, std::move(glu_layout), scale_fc2_bias};
 }
 
+// The layer inputs' devices, x first (dy first where x is absent), for the ops' DeviceCheck.
+DeviceCheck layer_devices(const char* op, const std::optional<at::Tensor>& x, const std::optional<at::Tensor>& dy,
+                          at::TensorList saved, const at::Tensor& offsets, const std::optional<at::Tensor>& probs,
+                          const std::optional<at::Tensor>& w1, const std::optional<at::Tensor>& b1,
+                          const std::optional<at::Tensor>& w2, const std::optional<at::Tensor>& b2) {
+  DeviceCheck c(op);
+  c.add("x", x).add("dy", dy).add("saved", saved).add("offsets", offsets).add("probs", probs);
+  c.add("w1", w1).add("b1", b1).add("w2", w2).add("b2", b2);
+  return c;
+}
+
 // dx and dprobs, shared by both backward variants; `grads` and the `deferred` list come from the caller.
 struct BackwardRun {
   at::Tensor dx, dprobs;
@@ -136,6 +147,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> grouped_mlp_forward(
     const std::optional<at::Tensor>& b1, const at::Tensor& w2, const std::optional<at::Tensor>& b2, std::string recipe,
     std::string activation, double limit, double alpha, double linear_offset, std::string glu_layout,
     bool scale_fc2_bias) {
+  layer_devices("grouped_mlp_forward", x_in, std::nullopt, {}, offsets, probs, w1, b1, w2, b2).check();
   const LayerInputs in(x_in, offsets, probs, w1, b1, w2, b2);
   const Problem p = in.problem(scalars(recipe, activation, limit, alpha, linear_offset, glu_layout, scale_fc2_bias));
   const at::Tensor& x = *in.x;
@@ -156,6 +168,7 @@ grouped_mlp_backward(const at::Tensor& dy, at::TensorList saved, const std::opti
                      const std::optional<at::Tensor>& b1, const at::Tensor& w2, const std::optional<at::Tensor>& b2,
                      std::string recipe, std::string activation, double limit, double alpha, double linear_offset,
                      std::string glu_layout, bool scale_fc2_bias, bool defer_wgrad) {
+  layer_devices("grouped_mlp_backward", x, dy, saved, offsets, probs, w1, b1, w2, b2).check();
   const LayerInputs in(x, offsets, probs, w1, b1, w2, b2);
   const Problem p = in.problem(scalars(recipe, activation, limit, alpha, linear_offset, glu_layout, scale_fc2_bias));
   const int64_t E = p.experts, H = p.hidden, F = p.ffn;
@@ -184,6 +197,13 @@ std::tuple<at::Tensor, at::Tensor> grouped_mlp_backward_(
     double linear_offset, std::string glu_layout, bool scale_fc2_bias, bool defer_wgrad, at::Tensor& main_grad_w1,
     at::Tensor& main_grad_w2, const std::optional<at::Tensor>& main_grad_b1,
     const std::optional<at::Tensor>& main_grad_b2, at::TensorList deferred) {
+  layer_devices("grouped_mlp_backward_", x, dy, saved, offsets, probs, w1, b1, w2, b2)
+      .add("main_grad_w1", main_grad_w1)
+      .add("main_grad_w2", main_grad_w2)
+      .add("main_grad_b1", main_grad_b1)
+      .add("main_grad_b2", main_grad_b2)
+      .add("deferred", deferred)
+      .check();
   const LayerInputs in(x, offsets, probs, w1, b1, w2, b2);
   const Problem p = in.problem(scalars(recipe, activation, limit, alpha, linear_offset, glu_layout, scale_fc2_bias));
   TORCH_CHECK(!p.fc1_bias || (main_grad_b1 && main_grad_b1->defined()), "mxmoe: b1 is given, so main_grad_b1 must be");
@@ -204,6 +224,8 @@ std::tuple<at::Tensor, at::Tensor> grouped_mlp_wgrad(const std::optional<at::Ten
                                                      const std::optional<at::Tensor>& dy, const at::Tensor& offsets,
                                                      at::TensorList saved_tail, at::TensorList deferred,
                                                      std::string recipe) {
+  DeviceCheck("grouped_mlp_wgrad").add("x", x).add("dy", dy).add("saved_tail", saved_tail).add("offsets", offsets)
+      .add("deferred", deferred).check();
   const Problem p = wgrad_problem(x, offsets, saved_tail, recipe);
   const at::TensorOptions bf = saved_tail[0].options().dtype(at::kBFloat16);
   at::Tensor dw1 = at::empty({p.experts, 2 * p.ffn, p.hidden}, bf);
@@ -219,6 +241,8 @@ std::tuple<at::Tensor, at::Tensor> grouped_mlp_wgrad(const std::optional<at::Ten
 void grouped_mlp_wgrad_(const std::optional<at::Tensor>& x, const std::optional<at::Tensor>& dy,
                         const at::Tensor& offsets, at::TensorList saved_tail, at::TensorList deferred,
                         std::string recipe, at::Tensor& main_grad_w1, at::Tensor& main_grad_w2) {
+  DeviceCheck("grouped_mlp_wgrad_").add("x", x).add("dy", dy).add("saved_tail", saved_tail).add("offsets", offsets)
+      .add("deferred", deferred).add("main_grad_w1", main_grad_w1).add("main_grad_w2", main_grad_w2).check();
   const Problem p = wgrad_problem(x, offsets, saved_tail, recipe);
   WeightGrads g;
   g.dw1.dense = view(main_grad_w1);

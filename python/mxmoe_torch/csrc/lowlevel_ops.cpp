@@ -45,6 +45,7 @@ ExpertOperand expert_operand(const at::Tensor& b, const std::optional<at::Tensor
 std::tuple<at::Tensor, at::Tensor> quantize_mxfp8(const at::Tensor& x_in, std::string axis_name,
                                                   const std::optional<at::Tensor>& groups,
                                                   std::string scale_layout) {
+  DeviceCheck("quantize_mxfp8").add("x", x_in).add("groups", groups).check();
   const at::Tensor x = x_in.contiguous();
   TORCH_CHECK(x.dim() == 2, "mxmoe: quantize_mxfp8 takes [M, K], got ", x.sizes());
   const BlockAxis axis = parse_axis(axis_name);
@@ -65,6 +66,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_mxfp8(const at::Tensor& x_in, std::s
 at::Tensor dequantize_mxfp8(const at::Tensor& data, const at::Tensor& scales, std::string axis,
                             const std::optional<at::Tensor>& groups, std::string scale_layout,
                             std::optional<at::ScalarType> dtype) {
+  DeviceCheck("dequantize_mxfp8").add("data", data).add("scales", scales).add("groups", groups).check();
   TORCH_CHECK(data.dim() == 2, "mxmoe: dequantize_mxfp8 takes data [M, K], got ", data.sizes());
   at::Tensor out = at::empty(data.sizes(), data.options().dtype(dtype.value_or(at::kFloat)));
   if (data.size(0) == 0) return out;
@@ -81,6 +83,8 @@ at::Tensor grouped_gemm_m(const at::Tensor& a_in, const std::optional<at::Tensor
                           const at::Tensor& b_in, const std::optional<at::Tensor>& b_scales, bool b_kn,
                           const std::optional<at::Tensor>& bias, std::string scale_layout,
                           std::optional<at::ScalarType> dtype) {
+  DeviceCheck("grouped_gemm_m").add("a", a_in).add("a_scales", a_scales).add("offsets", offsets).add("b", b_in)
+      .add("b_scales", b_scales).add("bias", bias).check();
   const at::Tensor a = a_in.contiguous(), b = b_in.contiguous();
   TORCH_CHECK(a.dim() == 2 && b.dim() == 3, "mxmoe: grouped_gemm_m takes a [T, K] and b [E, N, K] or [E, K, N]");
   const int64_t T = a.size(0), N = b_kn ? b.size(2) : b.size(1);
@@ -102,6 +106,8 @@ at::Tensor grouped_gemm_m(const at::Tensor& a_in, const std::optional<at::Tensor
 void grouped_gemm_k_(const at::Tensor& a_in, const std::optional<at::Tensor>& a_scales, const at::Tensor& b_in,
                      const std::optional<at::Tensor>& b_scales, const at::Tensor& offsets, at::Tensor& out,
                      bool accumulate, std::string scale_layout) {
+  DeviceCheck("grouped_gemm_k_").add("a", a_in).add("a_scales", a_scales).add("b", b_in).add("b_scales", b_scales)
+      .add("offsets", offsets).add("out", out).check();
   const at::Tensor a = a_in.contiguous(), b = b_in.contiguous();
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2, "mxmoe: grouped_gemm_k takes a [T, M] and b [T, N]");
   if (a.size(0) == 0) {  // no rows: D_e = 0, or unchanged when accumulating
@@ -123,6 +129,8 @@ void grouped_gemm_k_(const at::Tensor& a_in, const std::optional<at::Tensor>& a_
 at::Tensor grouped_gemm_k(const at::Tensor& a, const std::optional<at::Tensor>& a_scales, const at::Tensor& b,
                           const std::optional<at::Tensor>& b_scales, const at::Tensor& offsets,
                           std::string scale_layout, std::optional<at::ScalarType> dtype) {
+  DeviceCheck("grouped_gemm_k").add("a", a).add("a_scales", a_scales).add("b", b).add("b_scales", b_scales)
+      .add("offsets", offsets).check();
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2, "mxmoe: grouped_gemm_k takes a [T, M] and b [T, N]");
   at::Tensor d = at::empty({offsets.size(0) - 1, a.size(1), b.size(1)}, a.options().dtype(dtype.value_or(at::kFloat)));
   grouped_gemm_k_(a, a_scales, b, b_scales, offsets, d, /*accumulate=*/false, std::move(scale_layout));

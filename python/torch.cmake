@@ -1,6 +1,7 @@
 # Finds PyTorch through the Python interpreter that imports it (torch.utils.cmake_prefix_path).
 # Sets MXMOE_TORCH_FOUND (MXMOE_TORCH_WHY says why not, where known); on success also MXMOE_TORCH_LIBRARIES, MXMOE_TORCH_CXX_FLAGS,
-# MXMOE_TORCH_CUDA (torch is a CUDA build) and MXMOE_PYTHON. find_package(Torch) runs inside a
+# MXMOE_TORCH_CUDA (torch is a CUDA build), MXMOE_TORCH_VERSION (torch.__version__, compiled into the
+# extension, which checks it at import) and MXMOE_PYTHON. find_package(Torch) runs inside a
 # function so that its many variables stay out of the project's scope (its imported targets do not).
 function(mxmoe_find_torch)
   set(MXMOE_TORCH_FOUND OFF PARENT_SCOPE)
@@ -10,7 +11,7 @@ function(mxmoe_find_torch)
   endif()
   execute_process(
     COMMAND "${Python3_EXECUTABLE}" -c
-            "import torch; print(torch.utils.cmake_prefix_path); print(int(torch.version.cuda is not None))"
+            "import torch; print(torch.utils.cmake_prefix_path); print(int(torch.version.cuda is not None)); print(torch.__version__)"
     RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_QUIET OUTPUT_STRIP_TRAILING_WHITESPACE)
   if(NOT rc EQUAL 0)
     return()
@@ -18,6 +19,7 @@ function(mxmoe_find_torch)
   string(REPLACE "\n" ";" out "${out}")
   list(GET out 0 prefix)
   list(GET out 1 torch_cuda)
+  list(GET out 2 torch_version)
   if(torch_cuda)
     # Torch's CMake config of a CUDA build fails hard without the CUDA toolkit: look first.
     find_package(CUDAToolkit QUIET)
@@ -37,6 +39,7 @@ function(mxmoe_find_torch)
     return()
   endif()
   set(MXMOE_TORCH_FOUND ON PARENT_SCOPE)
+  set(MXMOE_TORCH_VERSION "${torch_version}" PARENT_SCOPE)
   # CUDA tensors are served where both torch and mxmoe have CUDA (else the ops say they cannot).
   if(torch_cuda AND MXMOE_HAVE_CUDA)
     set(MXMOE_TORCH_CUDA ON PARENT_SCOPE)
@@ -52,4 +55,17 @@ set(MXMOE_TORCH_PROBED OFF)
 if(NOT DEFINED MXMOE_BUILD_TORCH OR MXMOE_BUILD_TORCH)
   set(MXMOE_TORCH_PROBED ON)
   mxmoe_find_torch()
+endif()
+
+# `pip install .` (scikit-build-core sets SKBUILD) exists to build the extension: without torch it
+# stops here, before anything compiles, saying what to do. pip's default build isolation runs this in
+# a fresh environment without the installed torch, and the extension must be built against that one.
+if(SKBUILD AND NOT MXMOE_TORCH_FOUND)
+  message(FATAL_ERROR
+    "mxmoe-torch: PyTorch is not importable by ${Python3_EXECUTABLE}${MXMOE_TORCH_WHY}. "
+    "The extension builds against the torch installed in the target environment, so install torch "
+    "first and build without pip's build isolation (which hides it):\n"
+    "    pip install torch scikit-build-core\n"
+    "    pip install --no-build-isolation .\n"
+    "(docs/pytorch.md, Build)")
 endif()

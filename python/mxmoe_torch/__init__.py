@@ -6,7 +6,8 @@
     y.float().pow(2).mean().backward()
 
 The extension library (libmxmoe_torch.so) is found next to this file (``pip install .``) or at
-$MXMOE_TORCH_LIBRARY (a CMake build tree). See docs/pytorch.md.
+$MXMOE_TORCH_LIBRARY (a CMake build tree). It records the torch it was built against; under another
+torch, importing says so with both versions. See docs/pytorch.md.
 """
 
 import glob
@@ -14,8 +15,10 @@ import os
 
 import torch
 
+from . import _build_info
+
 __all__ = ["GroupedMLP", "offsets_from_counts", "quantize_mxfp8", "dequantize_mxfp8", "grouped_gemm_m",
-           "grouped_gemm_k", "library_path"]
+           "grouped_gemm_k", "library_path", "build_info"]
 
 
 def library_path():
@@ -30,7 +33,31 @@ def library_path():
     return found[0]
 
 
-torch.ops.load_library(library_path())
+_LIBRARY = library_path()
+_build_info.load(_LIBRARY, torch)
+
+
+def build_info():
+    """{"torch": the torch version the loaded extension was built against, "mxmoe": the project
+    version compiled into it} (empty for a library without the record)."""
+    return _build_info.read(_LIBRARY)
+
+
+def _version():
+    # One source of truth: pyproject.toml's version, which equals CMakeLists.txt's project VERSION
+    # (python/tests/test_packaging.py checks it). Installed, the package metadata has it; run from a
+    # source tree (PYTHONPATH=python), the value CMake compiled into the extension.
+    try:
+        from importlib import metadata
+        dist = metadata.distribution("mxmoe-torch")
+        if os.path.realpath(str(dist.locate_file("mxmoe_torch/__init__.py"))) == os.path.realpath(__file__):
+            return dist.version
+    except Exception:  # not installed (or installed elsewhere than this copy)
+        pass
+    return build_info().get("mxmoe", "unknown")
+
+
+__version__ = _version()
 
 from . import _fake  # noqa: E402,F401  (registers the fake kernels)
 from ._layer import GroupedMLP, offsets_from_counts  # noqa: E402

@@ -118,24 +118,12 @@ struct ActivationOut {
   }
 };
 
-int64_t gemm_width(const MGemmStep& s) {
-  switch (s.epilogue) {
-    case Epilogue::glu_forward:
-      return 2 * s.ffn;
-    case Epilogue::glu_backward:
-      return s.ffn;
-    case Epilogue::store:
-      break;
-  }
-  return s.gemm.d.shape[1];
-}
-
 }  // namespace
 
 void gemm_m(const MGemmStep& s) {
   const MGroupedGemmArgs& g = s.gemm;
   const int64_t t_total = operand_rows(g.a), k = operand_cols(g.a);
-  const int64_t n = gemm_width(s), np = pad_n(n), f = s.ffn;
+  const int64_t n = detail::gemm_width(s), np = pad_n(n), f = s.ffn;
   const std::vector<int64_t> o = group_bounds(g.offsets, t_total);
   const int64_t experts = g.offsets.experts();
 

@@ -60,9 +60,14 @@ endif()
 # `pip install .` (scikit-build-core sets SKBUILD) exists to build the extension: without torch it
 # stops here, before anything compiles, saying what to do. pip's default build isolation runs this in
 # a fresh environment without the installed torch, and the extension must be built against that one.
-if(SKBUILD AND NOT MXMOE_TORCH_FOUND)
+if(SKBUILD AND MXMOE_TORCH_PROBED AND NOT MXMOE_TORCH_FOUND)
+  if(MXMOE_TORCH_WHY STREQUAL "")
+    set(why "PyTorch is not importable by ${Python3_EXECUTABLE}")
+  else()
+    set(why "PyTorch cannot be built against${MXMOE_TORCH_WHY}")
+  endif()
   message(FATAL_ERROR
-    "mxmoe-torch: PyTorch is not importable by ${Python3_EXECUTABLE}${MXMOE_TORCH_WHY}. "
+    "mxmoe-torch: ${why}. "
     "The extension builds against the torch installed in the target environment, so install torch "
     "first and build without pip's build isolation (which hides it):\n"
     "    pip install torch scikit-build-core\n"

@@ -5,10 +5,15 @@
 # no CUDA device ..."). Prints nothing when no test was skipped.
 #   cmake -DLOG=<build>/Testing/Temporary/LastTest.log -P cmake/ctest_skip_reasons.cmake
 cmake_minimum_required(VERSION 3.25)
-if(NOT EXISTS "${LOG}")
+# While the post-test commands run, ctest is still writing the log under its temporary name.
+set(read "${LOG}.tmp")
+if(NOT EXISTS "${read}")
+  set(read "${LOG}")
+endif()
+if(NOT EXISTS "${read}")
   return()
 endif()
-file(READ "${LOG}" content)
+file(READ "${read}" content)
 # Keep list syntax out of the text: ';' separates list items and '[' ']' group them in CMake.
 string(ASCII 1 LB)
 string(ASCII 2 RB)

@@ -9,7 +9,10 @@ endif()
 # carries the object library's usage requirements: include dirs, OpenMP, CUDA::cudart, MXMOE_WITH_CUDA.
 add_library(mxmoe_core STATIC ${MXMOE_LIBRARY_OBJECTS})
 target_link_libraries(mxmoe_core PUBLIC mxmoe_objects)
-set_target_properties(mxmoe_core PROPERTIES LINKER_LANGUAGE CXX POSITION_INDEPENDENT_CODE ON)
+# CUDA_RUNTIME_LIBRARY: the CUDA runtime is CUDA::cudart's shared libcudart, for both libraries and
+# what links them (CMake would add its default cudart_static beside it).
+set_target_properties(mxmoe_core PROPERTIES LINKER_LANGUAGE CXX POSITION_INDEPENDENT_CODE ON
+                                            CUDA_RUNTIME_LIBRARY Shared)
 
 # mxmoe: the installed shared library. Exports the MXMOE_API declarations (the objects hide the
 # rest) and, through the version script, nothing else: no weak instantiations of std:: templates.
@@ -30,6 +33,7 @@ target_link_options(mxmoe PRIVATE "LINKER:--version-script=${CMAKE_CURRENT_SOURC
                                   "LINKER:--no-undefined")
 set_target_properties(mxmoe PROPERTIES
   LINKER_LANGUAGE CXX
+  CUDA_RUNTIME_LIBRARY Shared
   VERSION ${PROJECT_VERSION}
   SOVERSION ${MXMOE_ABI_VERSION}
   EXPORT_NAME mxmoe

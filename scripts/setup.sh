@@ -4,12 +4,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-declare -A pins=([cmake]=3.25.1-1 [g++]=4:12.2.0-3 [make]=4.3-4.1 [libgtest-dev]=1.12.1-0.2)
+declare -A pins=([cmake]=3.25.1-1 [g++]=4:12.2.0-3 [make]=4.3-4.1 [libgtest-dev]=1.12.1-0.2
+                 [libcli11-dev]=2.1.2+ds-1 [nlohmann-json3-dev]=3.11.2-2)
 missing=()
 command -v cmake >/dev/null || missing+=("cmake=${pins[cmake]}")
 command -v g++ >/dev/null || missing+=("g++=${pins[g++]}")
 command -v make >/dev/null || missing+=("make=${pins[make]}")
 [ -f /usr/include/gtest/gtest.h ] || missing+=("libgtest-dev=${pins[libgtest-dev]}")
+[ -f /usr/include/CLI/CLI.hpp ] || missing+=("libcli11-dev=${pins[libcli11-dev]}")
+[ -f /usr/include/nlohmann/json.hpp ] || missing+=("nlohmann-json3-dev=${pins[nlohmann-json3-dev]}")
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive

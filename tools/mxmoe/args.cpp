@@ -1,158 +1,254 @@
-// Command-line parsing for `mxmoe`: `--flag value` or `--flag=value`; any mistake is a UsageError.
+// Command-line parsing for `mxmoe` with CLI11: one subcommand per command, each with its own flags
+// and --help; `--flag value` or `--flag=value`. Any mistake is a usage error (exit status 2) that
+// names the flag and the value.
+#include <CLI/CLI.hpp>
+
 #include <cerrno>
 #include <cstdlib>
-#include <functional>
+#include <iostream>
 #include <map>
-#include <sstream>
 
 #include "src/api/tooling.h"
 #include "tools/mxmoe/cli.h"
 
+#if __has_include("mxmoe/version.h")
+#include "mxmoe/version.h"
+#endif
+
 namespace mxmoe::cli {
 namespace {
 
-int64_t parse_int(const std::string& flag, const std::string& v, int64_t min_value) {
-  char* end = nullptr;
+// Decimal only (CLI11's own conversion reads 010 as octal and wraps -1 into an unsigned).
+uint64_t parse_decimal(const std::string& flag, const std::string& v, uint64_t lo, uint64_t hi) {
+  const bool digits = !v.empty() && v.size() <= 20 && v.find_first_not_of("0123456789") == std::string::npos;
   errno = 0;
-  const long long n = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || errno == ERANGE || n < min_value)
-    throw UsageError(flag + " expects an integer >= " + std::to_string(min_value) + ", got '" + v + "'");
+  const unsigned long long n = digits ? std::strtoull(v.c_str(), nullptr, 10) : 0;
+  if (!digits || errno == ERANGE || n < lo || n > hi)
+    throw CLI::ValidationError(flag, "expects an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                                         "], got '" + v + "'");
   return n;
 }
 
-template <class Enum>
-Enum parse_enum(const std::string& flag, const std::string& v, const std::map<std::string, Enum>& names) {
-  const auto it = names.find(v);
-  if (it != names.end()) return it->second;
-  std::string known;
-  for (const auto& [name, value] : names) known += (known.empty() ? "" : "|") + name;
-  throw UsageError(flag + " expects " + known + ", got '" + v + "'");
+void int_option(CLI::App* app, const std::string& flag, std::optional<int64_t>& target, int64_t lo, int64_t hi,
+                const std::string& help) {
+  app->add_option_function<std::string>(
+         flag, [&target, flag, lo, hi](const std::string& v) { target = static_cast<int64_t>(parse_decimal(flag, v, lo, hi)); },
+         help + " [" + std::to_string(lo) + ", " + std::to_string(hi) + "]")
+      ->type_name("N");
 }
 
-std::vector<std::string> split_commas(const std::string& v) {
-  std::vector<std::string> out;
-  std::stringstream ss(v);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
+template <class Enum>
+void enum_option(CLI::App* app, const std::string& flag, std::optional<Enum>& target,
+                 const std::vector<std::pair<std::string, Enum>>& names, const std::string& help) {
+  std::string known;
+  for (const auto& [name, value] : names) known += (known.empty() ? "" : "|") + name;
+  app->add_option_function<std::string>(
+         flag,
+         [&target, flag, names, known](const std::string& v) {
+           for (const auto& [name, value] : names)
+             if (v == name) {
+               target = value;
+               return;
+             }
+           throw CLI::ValidationError(flag, "expects " + known + ", got '" + v + "'");
+         },
+         help)
+      ->type_name(known);
 }
+
+void preset_option(CLI::App* app, CliOptions& o, const std::string& help) {
+  std::string known;
+  for (const Preset& p : presets()) known += std::string(known.empty() ? "" : "|") + p.name;
+  app->add_option_function<std::string>(
+         "--preset",
+         [&o, known](const std::string& v) {
+           if (!find_preset(v)) throw CLI::ValidationError("--preset", "expects " + known + ", got '" + v + "'");
+           o.preset = v;
+         },
+         help)
+      ->type_name(known);
+}
+
+void backend_options(CLI::App* app, CliOptions& o, bool with_backend) {
+  auto known = [](const std::string& flag, const std::string& name) {
+    if (!detail::find_backend(name))
+      throw CLI::ValidationError(flag, "unknown backend '" + name + "' (known: " + detail::backend_names() + ")");
+  };
+  if (with_backend)
+    app->add_option_function<std::string>(
+           "--backend",
+           [&o, known](const std::string& v) {
+             known("--backend", v);
+             o.backend = v;
+           },
+           "force a backend (" + detail::backend_names() + ")")
+        ->type_name("NAME");
+  app->add_option_function<std::vector<std::string>>(
+         "--deny",
+         [&o, known](const std::vector<std::string>& names) {
+           for (const std::string& n : names) {
+             if (n.empty()) continue;
+             known("--deny", n);
+             o.deny.push_back(n);
+           }
+         },
+         "never use these backends (repeatable)")
+      ->type_name("NAME[,NAME]")
+      ->delimiter(',')
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+}
+
+void add_seed(CLI::App* app, CliOptions& o) {
+  app->add_option_function<std::string>(
+         "--seed", [&o](const std::string& v) { o.seed = parse_decimal("--seed", v, 0, UINT64_MAX); },
+         "random inputs (default 1)")
+      ->type_name("N");
+}
+
+void add_json(CLI::App* app, CliOptions& o, const std::string& help) {
+  app->add_option("--json", o.json_path, help)->type_name("FILE");
+}
+
+// Flags of `run` that another command does not take: named in a clear refusal instead of CLI11's
+// "arguments were not expected" (hidden from that command's help).
+void reject_run_flags(CLI::App* app, const std::vector<std::string>& valued, const std::vector<std::string>& switches,
+                      const std::string& why) {
+  for (const std::string& flag : valued)
+    app->add_option_function<std::string>(
+           flag, [flag, why](const std::string&) -> void { throw CLI::ValidationError(flag, why); }, "")
+        ->group("");
+  for (const std::string& flag : switches)
+    app->add_flag_function(flag, [flag, why](int64_t) -> void { throw CLI::ValidationError(flag, why); }, "")
+        ->group("");
+}
+
+constexpr const char* kExitStatus =
+    "exit status: 0 all checks passed, 1 a check failed, 2 bad command line, 3 error";
 
 }  // namespace
 
-void print_usage(std::FILE* out) {
-  const std::string usage =
-      "usage: mxmoe <command> [flags]\n"
-      "\n"
-      "commands:\n"
-      "  info    library version, build options, GPUs and every backend with its availability\n"
-      "  run     build a random problem, run forward + backward, time it and check every output\n"
-      "  bench   time each step and the whole layer on the GPU (--preset, --recipe, --skew, --json)\n"
-      "\n"
-      "flags for run:\n"
-      "  --preset NAME          small | dsv3 | qwen3-30b | gptoss-120b | mixtral\n"
-      "                         (default: dsv3 with a GPU, small without one or with --backend cpu)\n"
-      "  --hidden N --ffn N --experts N --tokens N   override the preset's sizes\n"
-      "  --skew                 skewed token split (Dirichlet(0.5), some experts empty); default balanced\n"
-      "  --recipe R             mxfp8 (default) | bf16\n"
-      "  --activation A         swiglu | clamped_swiglu (default: the preset's)\n"
-      "  --glu-layout L         halves | interleave32 (default: the preset's)\n"
-      "  --bias                 FC1 and FC2 biases\n"
-      "  --scale-fc2-bias       FC2 adds p*b2 instead of b2 (implies --bias)\n"
-      "  --weight-layout W      dense (default) | per_expert\n"
-      "  --seed N               random inputs (default 1)\n"
-      "  --backend NAME         force a backend (" +
-      detail::backend_names() +
-      ")\n"
-      "  --deny NAME[,NAME]     never use these backends (repeatable)\n"
-      "  --check-rows N         check N sampled rows and whole sampled experts instead of everything\n"
-      "  --json FILE            also write the report as JSON\n"
-      "  --dump DIR             write problem.json and every input and output as .npy\n"
-      "\n"
-      "exit status: 0 all checks passed, 1 a check failed, 2 bad command line, 3 error\n";
-  std::fputs(usage.c_str(), out);
+const char* cli_version() {
+#if defined(MXMOE_VERSION)
+  return MXMOE_VERSION;  // mxmoe/version.h: the headers this CLI was built with
+#else
+  return version();  // the library's, from its MXMOE_VERSION compile definition
+#endif
 }
 
-CliOptions parse_args(int argc, char** argv) {
-  CliOptions o;
-  if (argc < 2) throw UsageError("missing command");
-  o.command = argv[1];
-  if (o.command == "-h" || o.command == "--help" || o.command == "help") {
-    o.command = "help";
-    return o;
-  }
-  if (o.command != "info" && o.command != "run" && o.command != "bench")
-    throw UsageError("unknown command '" + o.command + "'");
+std::optional<int> parse_args(int argc, char** argv, CliOptions& o) {
+  CLI::App app("mxmoe: grouped MLP for mixture-of-experts layers (BF16 and MXFP8), forward and backward",
+               "mxmoe");
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("mxmoe ") + cli_version(), "print the version and exit");
+  app.footer(kExitStatus);
 
-  using Setter = std::function<void(const std::string& flag, const std::string& value)>;
-  const std::map<std::string, Setter> valued = {
-      {"--preset", [&](auto&, auto& v) { o.preset = v; }},
-      {"--hidden", [&](auto& f, auto& v) { o.hidden = parse_int(f, v, 1); }},
-      {"--ffn", [&](auto& f, auto& v) { o.ffn = parse_int(f, v, 1); }},
-      {"--experts", [&](auto& f, auto& v) { o.experts = parse_int(f, v, 1); }},
-      {"--tokens", [&](auto& f, auto& v) { o.tokens = parse_int(f, v, 0); }},
-      {"--seed", [&](auto& f, auto& v) { o.seed = static_cast<uint64_t>(parse_int(f, v, 0)); }},
-      {"--check-rows", [&](auto& f, auto& v) { o.check_rows = parse_int(f, v, 1); }},
-      {"--backend", [&](auto&, auto& v) { o.backend = v; }},
-      {"--deny",
-       [&](auto&, auto& v) {
-         for (auto& n : split_commas(v)) o.deny.push_back(n);
-       }},
-      {"--json", [&](auto&, auto& v) { o.json_path = v; }},
-      {"--dump", [&](auto&, auto& v) { o.dump_dir = v; }},
-      {"--recipe",
-       [&](auto& f, auto& v) {
-         o.recipe = parse_enum<Recipe>(f, v, {{"bf16", Recipe::bf16}, {"mxfp8", Recipe::mxfp8}});
-       }},
-      {"--activation",
-       [&](auto& f, auto& v) {
-         o.activation = parse_enum<Activation>(
-             f, v, {{"swiglu", Activation::swiglu}, {"clamped_swiglu", Activation::clamped_swiglu}});
-       }},
-      {"--glu-layout",
-       [&](auto& f, auto& v) {
-         o.glu_layout =
-             parse_enum<GluLayout>(f, v, {{"halves", GluLayout::halves}, {"interleave32", GluLayout::interleave32}});
-       }},
-      {"--weight-layout",
-       [&](auto& f, auto& v) {
-         o.weight_layout =
-             parse_enum<WeightLayout>(f, v, {{"dense", WeightLayout::dense}, {"per_expert", WeightLayout::per_expert}});
-       }},
-  };
-  const std::map<std::string, std::function<void()>> switches = {
-      {"--skew", [&] { o.skew = true; }},
-      {"--bias", [&] { o.bias = true; }},
-      {"--scale-fc2-bias", [&] { o.scale_fc2_bias = o.bias = true; }},
-  };
+  CLI::App* info = app.add_subcommand("info", "library version, build options, GPUs and every backend with its availability");
+  backend_options(info, o, /*with_backend=*/false);
 
-  for (int i = 2; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "-h" || arg == "--help") {
-      o.command = "help";
-      return o;
+  reject_run_flags(info,
+                   {"--preset", "--hidden", "--ffn", "--experts", "--tokens", "--recipe", "--activation",
+                    "--glu-layout", "--weight-layout", "--seed", "--backend", "--check-rows", "--json", "--dump"},
+                   {"--skew", "--bias", "--scale-fc2-bias"}, "is a flag of 'mxmoe run', not of 'mxmoe info'");
+
+  CLI::App* version_cmd = app.add_subcommand("version", "print the version (as --version does)");
+
+  CLI::App* run = app.add_subcommand("run", "build a random problem, run forward + backward, time it and check every output");
+  run->footer(kExitStatus);
+  preset_option(run, o,
+                "model preset (default: dsv3 with a GPU, small without one or with --backend cpu)");
+  int_option(run, "--hidden", o.hidden, 1, kMaxHidden, "H: override the preset's hidden size");
+  int_option(run, "--ffn", o.ffn, 1, kMaxFfn, "F: override the preset's per-expert FFN size");
+  int_option(run, "--experts", o.experts, 1, kMaxExperts, "E: override the preset's expert count");
+  int_option(run, "--tokens", o.tokens, 0, kMaxTokens, "T: override the preset's token count");
+  run->add_flag("--skew", o.skew, "skewed token split (Dirichlet(0.5), some experts empty); default balanced");
+  enum_option<Recipe>(run, "--recipe", o.recipe, {{"mxfp8", Recipe::mxfp8}, {"bf16", Recipe::bf16}},
+                      "numeric recipe (default mxfp8)");
+  enum_option<Activation>(run, "--activation", o.activation,
+                          {{"swiglu", Activation::swiglu}, {"clamped_swiglu", Activation::clamped_swiglu}},
+                          "activation (default: the preset's)");
+  enum_option<GluLayout>(run, "--glu-layout", o.glu_layout,
+                         {{"halves", GluLayout::halves}, {"interleave32", GluLayout::interleave32}},
+                         "GLU column layout of W1 (default: the preset's)");
+  run->add_flag("--bias", o.bias, "FC1 and FC2 biases");
+  run->add_flag("--scale-fc2-bias", o.scale_fc2_bias, "FC2 adds p*b2 instead of b2 (implies --bias)");
+  enum_option<WeightLayout>(run, "--weight-layout", o.weight_layout,
+                            {{"dense", WeightLayout::dense}, {"per_expert", WeightLayout::per_expert}},
+                            "expert weights as one tensor or a pointer table (default dense)");
+  add_seed(run, o);
+  backend_options(run, o, /*with_backend=*/true);
+  std::optional<int64_t> check_rows;
+  int_option(run, "--check-rows", check_rows, 1, kMaxTokens,
+             "check N sampled rows and whole sampled experts instead of everything");
+  add_json(run, o, "also write the report as JSON");
+  run->add_option("--dump", o.dump_dir, "write problem.json and every input and output as .npy into DIR")
+      ->type_name("DIR");
+
+  CLI::App* bench = app.add_subcommand(
+      "bench", "time each step and the whole layer on the GPU, per preset, balanced and skewed, both recipes");
+  bench->footer("exit status: 0 done, 2 bad command line, 3 error (no GPU)");
+  preset_option(bench, o, "one preset (default: every preset but small)");
+  enum_option<Recipe>(bench, "--recipe", o.recipe, {{"mxfp8", Recipe::mxfp8}, {"bf16", Recipe::bf16}},
+                      "one recipe (default: both)");
+  bench->add_flag("--skew", o.skew, "the skewed split only (default: balanced and skewed)");
+  add_seed(bench, o);
+  add_json(bench, o, "also write the rows and token splits as JSON (bench/peer_torch.py reads it)");
+  reject_run_flags(bench,
+                   {"--hidden", "--ffn", "--experts", "--tokens", "--activation", "--glu-layout", "--weight-layout",
+                    "--backend", "--deny", "--check-rows", "--dump"},
+                   {"--bias", "--scale-fc2-bias"},
+                   "is a flag of 'mxmoe run': bench times the presets' shapes (--preset) on the backends the "
+                   "layer picks");
+
+  CLI::App* help = app.add_subcommand("help", "this help, or a command's: mxmoe help run");
+  std::string help_topic;
+  help->add_option("command", help_topic, "a command")->type_name("COMMAND");
+
+  // A first word that is no command (CLI11 would only say that a subcommand is required).
+  if (argc >= 2 && argv[1][0] != '-') {
+    const std::string first = argv[1];
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands({})) known |= sub->get_name() == first;
+    if (!known) {
+      std::cerr << "mxmoe: unknown command '" << first << "' (info, run, bench, version, help)\n"
+                << "run 'mxmoe --help' for the commands\n";
+      return kExitUsage;
     }
-    std::string value;
-    bool has_value = false;
-    if (const size_t eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      has_value = true;
-    }
-    if (const auto s = switches.find(arg); s != switches.end()) {
-      if (has_value) throw UsageError(arg + " takes no value");
-      s->second();
-      continue;
-    }
-    const auto v = valued.find(arg);
-    if (v == valued.end()) throw UsageError("unknown flag '" + arg + "'");
-    if (!has_value) {
-      if (i + 1 >= argc) throw UsageError(arg + " needs a value");
-      value = argv[++i];
-    }
-    v->second(arg, value);
   }
-  return o;
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);  // --help, --version
+    std::cerr << "mxmoe: " << e.what() << "\n";
+    CLI::App* failed = &app;
+    for (CLI::App* sub : app.get_subcommands()) failed = sub;
+    std::cerr << "run '" << (failed == &app ? std::string("mxmoe") : "mxmoe " + failed->get_name())
+              << " --help' for the flags\n";
+    return kExitUsage;
+  }
+
+  if (version_cmd->parsed()) {
+    std::cout << "mxmoe " << cli_version() << "\n";
+    return kExitOk;
+  }
+  if (help->parsed()) {
+    if (help_topic.empty()) {
+      std::cout << app.help();
+      return kExitOk;
+    }
+    for (CLI::App* sub : {info, version_cmd, run, bench})
+      if (sub->get_name() == help_topic) {
+        std::cout << sub->help();
+        return kExitOk;
+      }
+    std::cerr << "mxmoe: help: unknown command '" << help_topic << "' (info, run, bench, version)\n";
+    return kExitUsage;
+  }
+  for (CLI::App* sub : {info, run, bench})
+    if (sub->parsed()) o.command = sub->get_name();
+  if (o.scale_fc2_bias) o.bias = true;
+  if (check_rows) o.check_rows = *check_rows;
+  return std::nullopt;
 }
 
 }  // namespace mxmoe::cli

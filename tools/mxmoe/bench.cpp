@@ -5,8 +5,13 @@
 // every output written once). bench/peer_torch.py measures torch._grouped_mm on the same shapes
 // in the same session and prints ratios against the JSON this writes.
 //
-//   mxmoe bench [--preset NAME] [--recipe mxfp8|bf16] [--skew] [--json FILE]
+//   mxmoe bench [--preset NAME] [--recipe mxfp8|bf16] [--skew] [--seed N] [--json FILE]
+// The problem's sizes are the presets' (bench/peer_torch.py re-times the same shapes): the run
+// flags that change them (--hidden, --tokens, ...) are not bench flags and are rejected.
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <random>
@@ -229,6 +234,7 @@ int command_bench(const CliOptions& o) {
     std::fprintf(stderr, "mxmoe bench: no CUDA GPU on this machine (the benchmark times GPU kernels)\n");
     return kExitError;
   }
+  if (!o.json_path.empty()) check_output_file("--json", o.json_path);  // before minutes of timing
   std::vector<const Preset*> list;
   if (!o.preset.empty()) {
     const Preset* p = find_preset(o.preset);
@@ -252,28 +258,29 @@ int command_bench(const CliOptions& o) {
     std::printf("| %s | %s | %s | %s | %.3f | %.1f | %.0f |\n", r.preset.c_str(), r.split.c_str(), r.recipe.c_str(),
                 r.op.c_str(), r.ms, r.flops / r.ms * 1e-9, r.bytes / r.ms * 1e-6);
   if (!o.json_path.empty()) {
-    FILE* f = std::fopen(o.json_path.c_str(), "w");
-    if (!f) throw std::runtime_error("cannot write " + o.json_path);
-    std::fprintf(f, "{\"device\": \"%s\", \"rows\": [\n", json_escape(cuda_device_description(0)).c_str());
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const Row& r = rows[i];
-      std::fprintf(f, "  {\"preset\": \"%s\", \"split\": \"%s\", \"recipe\": \"%s\", \"op\": \"%s\", \"ms\": %.5f, "
-                      "\"tflops\": %.3f, \"gbps\": %.1f}%s\n",
-                   r.preset.c_str(), r.split.c_str(), r.recipe.c_str(), r.op.c_str(), r.ms, r.flops / r.ms * 1e-9,
-                   r.bytes / r.ms * 1e-6, i + 1 < rows.size() ? "," : "");
-    }
-    std::fprintf(f, "], \"splits\": [\n");
-    for (size_t i = 0; i < splits.size(); ++i) {
-      const SplitRecord& r = splits[i];
-      std::fprintf(f, "  {\"preset\": \"%s\", \"split\": \"%s\", \"hidden\": %lld, \"ffn\": %lld, \"experts\": %lld, "
-                      "\"tokens\": %lld, \"sizes\": [",
-                   r.preset.c_str(), r.split.c_str(), (long long)r.hidden, (long long)r.ffn, (long long)r.experts,
-                   (long long)r.tokens);
-      for (size_t e = 0; e < r.sizes.size(); ++e) std::fprintf(f, "%s%lld", e ? ", " : "", (long long)r.sizes[e]);
-      std::fprintf(f, "]}%s\n", i + 1 < splits.size() ? "," : "");
-    }
-    std::fprintf(f, "]}\n");
-    std::fclose(f);
+    using json = nlohmann::ordered_json;
+    auto rounded = [](double v, double scale) { return json(std::round(v * scale) / scale); };
+    json j;
+    j["device"] = cuda_device_description(0);
+    j["rows"] = json::array();
+    for (const Row& r : rows)
+      j["rows"].push_back({{"preset", r.preset},
+                           {"split", r.split},
+                           {"recipe", r.recipe},
+                           {"op", r.op},
+                           {"ms", rounded(r.ms, 1e5)},
+                           {"tflops", rounded(r.flops / r.ms * 1e-9, 1e3)},
+                           {"gbps", rounded(r.bytes / r.ms * 1e-6, 1e1)}});
+    j["splits"] = json::array();
+    for (const SplitRecord& r : splits)
+      j["splits"].push_back({{"preset", r.preset},
+                             {"split", r.split},
+                             {"hidden", r.hidden},
+                             {"ffn", r.ffn},
+                             {"experts", r.experts},
+                             {"tokens", r.tokens},
+                             {"sizes", r.sizes}});
+    write_text_file("--json", o.json_path, j.dump(1, ' ', false, json::error_handler_t::replace) + "\n");
   }
   return kExitOk;
 }

@@ -14,7 +14,8 @@
 namespace mxmoe::cli {
 
 // ---- args.cpp ----
-// A bad command line: main prints the message and the usage on stderr and exits with kExitUsage.
+// A bad command line: main prints the message and a pointer to --help on stderr and exits with
+// kExitUsage. Parse errors (CLI11's) are reported the same way.
 class UsageError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -25,8 +26,15 @@ inline constexpr int kExitCheckFailed = 1;
 inline constexpr int kExitUsage = 2;
 inline constexpr int kExitError = 3;
 
+// Bounds of the dimension flags: beyond any real MoE layer, small enough that every size the CLI
+// computes from them (elements, bytes) fits an int64 and a double exactly.
+inline constexpr int64_t kMaxHidden = int64_t{1} << 16;
+inline constexpr int64_t kMaxFfn = int64_t{1} << 17;
+inline constexpr int64_t kMaxExperts = int64_t{1} << 16;
+inline constexpr int64_t kMaxTokens = 2147483647;  // int32 group offsets
+
 struct CliOptions {
-  std::string command;  // info | run | bench | help
+  std::string command;  // info | run | bench | version
   std::string preset;   // empty: small without a GPU (or with --backend cpu), dsv3 with one
   std::optional<int64_t> hidden, ffn, experts, tokens;
   std::optional<Recipe> recipe;
@@ -44,8 +52,12 @@ struct CliOptions {
   int64_t check_rows = 0;  // 0: automatic (all rows when small, 256 sampled when large)
 };
 
-CliOptions parse_args(int argc, char** argv);  // throws UsageError
-void print_usage(std::FILE* out);
+// Parses the command line with CLI11 (per-command flags and --help). Returns the exit status when
+// parsing already ended the program (help or version printed, or a usage error reported on stderr),
+// nothing when `o` holds a command to run.
+std::optional<int> parse_args(int argc, char** argv, CliOptions& o);
+// The version `mxmoe --version` prints.
+const char* cli_version();
 
 // ---- presets.cpp ----
 struct Preset {
@@ -117,13 +129,20 @@ int command_run(const CliOptions& o);
 int command_bench(const CliOptions& o);  // bench.cpp
 
 // ---- report.cpp ----
+// Pass when ||out - ref|| <= tolerance * ||ref|| + abs_floor (docs/numerics.md "Tolerances": a
+// relative error over a handful of values is noise; the floor, the error the tolerance allows on a
+// few typical elements, absorbs it and is negligible beside tolerance * ||ref|| over many values).
 struct Check {
   std::string kind;    // "same-points vs cpu" or "fp64 reference"
   std::string output;  // y, dx, dprobs, dw1, ...
   std::string scope;   // "all rows", "256 sampled rows", "expert 3 (1024 rows)"
-  double error = 0;    // relative Frobenius error
-  double tolerance = 0;
-  bool pass() const { return error <= tolerance; }
+  int64_t values = 0;  // elements compared (0: nothing to compare, passes)
+  double error_norm = 0, ref_norm = 0;  // ||out - ref||, ||ref|| (error_norm inf: NaN or Inf seen)
+  double tolerance = 0;                 // relative
+  double abs_floor = 0;                 // on ||out - ref||, in the output's units
+  double error() const;                 // relative Frobenius error (||out - ref|| when ref is all zeros)
+  double bound() const;                 // the relative error allowed: tolerance + abs_floor / ||ref||
+  bool pass() const;
 };
 
 struct RunReport {
@@ -141,14 +160,52 @@ struct RunReport {
 };
 
 void print_report(const RunReport& r, std::FILE* out);
-void write_report_json(const RunReport& r, const std::string& path);
-std::string json_escape(const std::string& s);
+void write_report_json(const RunReport& r, const std::string& path);  // --json
+
+// ---- output.cpp ----
+// Output files named on the command line. Before the run, check_output_file / check_output_dir
+// refuse a path that cannot be written (a directory, a missing folder, a folder where no file can be
+// created) with a UsageError naming the flag and the path. OutputFile writes a regular file through
+// a temporary name in the same folder, checks every write and the close, and renames it over the
+// path only when all of it is written; a character device or FIFO (/dev/stdout) is written in place.
+// Write failures throw Error naming the flag, the path and the reason.
+void check_output_file(const std::string& flag, const std::string& path);
+void check_output_dir(const std::string& flag, const std::string& dir);  // creates it (and parents)
+class OutputFile {
+ public:
+  OutputFile(std::string flag, std::string path);
+  ~OutputFile();  // not committed: closes and removes the temporary
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+  void write(const void* data, size_t bytes);
+  void write(const std::string& text) { write(text.data(), text.size()); }
+  void commit();  // close (checked), then rename over the path
+
+ private:
+  [[noreturn]] void fail(const std::string& what, int err);
+  std::string flag_, path_, temp_;  // temp_ empty: writing the path in place
+  int fd_ = -1;
+};
+// A whole text file (JSON) written through OutputFile.
+void write_text_file(const std::string& flag, const std::string& path, const std::string& text);
 
 // ---- npy.cpp ----
-// Minimal .npy v1.0 writer. descr: "<f4", "<i4", "<u2", "<f8".
+// Minimal .npy v1.0 writer (through OutputFile, flag "--dump"). descr: "<f4", "<i4", "<u2", "<f8".
 void write_npy(const std::string& path, const void* data, const char* descr, size_t elem_bytes,
                const std::vector<int64_t>& shape);
 void write_npy_bf16_as_f32(const std::string& path, const std::vector<uint16_t>& bits,
                            const std::vector<int64_t>& shape);
+
+// ---- memory.cpp ----
+// What a `run` needs at its peak (bytes), estimated from the sizes before anything is allocated,
+// and what the machine has. The estimate counts the CLI's host copies (inputs, outputs, the CPU
+// check, the fp64 reference) and the library's workspaces; it errs on the high side.
+struct MemoryEstimate {
+  double host = 0, device = 0;  // device: 0 for a CPU run
+};
+MemoryEstimate estimate_run_memory(const RunConfig& cfg, bool gpu, bool sampled, int64_t check_rows);
+double available_host_memory();            // bytes; MemAvailable, else physical pages free
+double available_device_memory(int index);  // bytes free on cuda:index (0 without CUDA)
+std::string bytes_text(double bytes);        // "1.23 GiB"
 
 }  // namespace mxmoe::cli

@@ -1,7 +1,9 @@
 // `mxmoe`: the command-line tool. `info` lists the library, GPUs and backends; `run` runs one layer
-// forward + backward with timing and checks; `bench` is to come.
+// forward + backward with timing and checks; `bench` times the steps on the GPU; `version` (and
+// `--version`) prints the version.
 #include <cstdio>
 #include <exception>
+#include <new>
 
 #include "tools/mxmoe/cli.h"
 
@@ -36,18 +38,16 @@ int main(int argc, char** argv) {
   using namespace mxmoe::cli;
   CliOptions o;
   try {
-    o = parse_args(argc, argv);
-    if (o.command == "help") {
-      print_usage(stdout);
-      return kExitOk;
-    }
+    if (const std::optional<int> done = parse_args(argc, argv, o)) return *done;
     if (o.command == "info") return command_info(o);
     if (o.command == "bench") return command_bench(o);
     return command_run(o);
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "mxmoe: %s\n\n", e.what());
-    print_usage(stderr);
+    std::fprintf(stderr, "mxmoe: %s\nrun 'mxmoe %s --help' for the flags\n", e.what(), o.command.c_str());
     return kExitUsage;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "mxmoe: error: out of memory (std::bad_alloc) beyond the run's estimate\n");
+    return kExitError;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mxmoe: error: %s\n", e.what());
     return kExitError;

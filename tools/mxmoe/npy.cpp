@@ -1,7 +1,6 @@
 // Minimal .npy v1.0 writer: magic, version 1.0, a little-endian header length, a Python-dict header
-// padded with spaces to a 64-byte boundary and ending in '\n', then the raw C-order data.
-#include <fstream>
-
+// padded with spaces to a 64-byte boundary and ending in '\n', then the raw C-order data. Written
+// through OutputFile: a full disk is an error naming the file, never a truncated .npy.
 #include "tools/mxmoe/cli.h"
 
 namespace mxmoe::cli {
@@ -19,16 +18,15 @@ void write_npy(const std::string& path, const void* data, const char* descr, siz
   const size_t unpadded = 10 + header.size() + 1;
   header.append((64 - unpadded % 64) % 64, ' ');
   header += '\n';
-  std::ofstream f(path, std::ios::binary);
-  if (!f) throw Error("--dump", "cannot write " + path);
+  OutputFile f("--dump", path);
   const char magic[8] = {'\x93', 'N', 'U', 'M', 'P', 'Y', 1, 0};
   f.write(magic, 8);
   const uint16_t len = static_cast<uint16_t>(header.size());
   const char len_bytes[2] = {static_cast<char>(len & 0xff), static_cast<char>(len >> 8)};
   f.write(len_bytes, 2);
-  f.write(header.data(), static_cast<std::streamsize>(header.size()));
-  f.write(static_cast<const char*>(data), static_cast<std::streamsize>(count * elem_bytes));
-  if (!f) throw Error("--dump", "write failed for " + path);
+  f.write(header);
+  f.write(data, count * elem_bytes);
+  f.commit();
 }
 
 void write_npy_bf16_as_f32(const std::string& path, const std::vector<uint16_t>& bits,

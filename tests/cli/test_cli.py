@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""End-to-end tests of the `mxmoe` command-line tool (tools/mxmoe), one case per CTest test.
+
+Each case runs the built binary and checks exit status, stdout, stderr and the files it writes.
+Every run uses the small CPU problem (--backend cpu) unless a case needs otherwise, so the cases take
+seconds on any machine.
+
+Run: python3 tests/cli/test_cli.py <build>/mxmoe CASE     (CTest: Cli.CASE, label unit)
+     python3 tests/cli/test_cli.py <build>/mxmoe all
+"""
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+BIN = None
+FAILURES = []
+
+
+def run(*args, timeout=120):
+    """(exit status, stdout, stderr, seconds) of `mxmoe ARGS`."""
+    t0 = time.monotonic()
+    p = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr, time.monotonic() - t0
+
+
+def check(cond, what, detail=""):
+    if not cond:
+        FAILURES.append(what)
+        print("FAIL: %s%s" % (what, ("\n" + detail.rstrip()) if detail else ""))
+    else:
+        print("ok:   %s" % what)
+
+
+def expect(args, status, what, stderr_has=(), stdout_has=(), stdout_lacks=(), timeout=120):
+    rc, out, err, secs = run(*args, timeout=timeout)
+    detail = "command: mxmoe %s\nexit %d after %.1f s\nstdout tail:\n%s\nstderr tail:\n%s" % (
+        " ".join(args), rc, secs, out[-1500:], err[-1500:])
+    ok = rc == status and all(s in err for s in stderr_has) and all(s in out for s in stdout_has) and \
+        not any(s in out for s in stdout_lacks)
+    check(ok, "%s (exit %d)" % (what, status), "" if ok else detail)
+    return rc, out, err, secs
+
+
+def leftovers(folder):
+    """Temporary files an interrupted or failed write would leave."""
+    return [f for f in os.listdir(folder) if ".tmp-" in f]
+
+
+def read_npy(path):
+    """(header dict text, payload bytes) of a .npy v1.0 file; raises on a malformed one."""
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:8] == b"\x93NUMPY\x01\x00", "bad magic"
+    (hlen,) = struct.unpack("<H", data[8:10])
+    header = data[10:10 + hlen].decode("latin1")
+    shape = eval(header, {"False": False, "True": True})["shape"]  # a Python dict literal
+    count = 1
+    for d in shape:
+        count *= d
+    payload = data[10 + hlen:]
+    assert len(payload) == 4 * count, (path, len(payload), count)  # every dumped dtype is 4 bytes
+    return header, payload
+
+
+# ---- cases -------------------------------------------------------------------------------------
+
+def case_zero_tokens():
+    """T = 0 runs and reports (it crashed with SIGSEGV in the fp64 check)."""
+    for recipe in ("mxfp8", "bf16"):
+        rc, out, err, _ = expect(["run", "--backend", "cpu", "--tokens", "0", "--recipe", recipe], 0,
+                                 "run --tokens 0 --recipe %s passes" % recipe,
+                                 stdout_has=("no values to compare", "result    PASS"))
+    with tempfile.TemporaryDirectory() as tmp:
+        j = os.path.join(tmp, "r.json")
+        expect(["run", "--backend", "cpu", "--tokens", "0", "--skew", "--bias", "--json", j], 0,
+               "run --tokens 0 --skew --bias with --json passes")
+        if os.path.exists(j):
+            d = json.load(open(j))
+            zero = [c for c in d["checks"] if c["values"] == 0]
+            check(d["pass"] and {c["output"] for c in zero} == {"y", "dx", "dprobs"} and all(c["pass"] for c in zero),
+                  "T=0 JSON: y, dx, dprobs compare zero values and pass")
+
+
+def case_small_tokens():
+    """A correct run with a handful of tokens passes (dprobs over 1..12 values failed its relative bound)."""
+    for n in range(1, 13):
+        expect(["run", "--backend", "cpu", "--tokens", str(n), "--skew"], 0, "run --tokens %d --skew passes" % n,
+               stdout_has=("result    PASS",))
+    expect(["run", "--backend", "cpu", "--tokens", "5", "--recipe", "bf16"], 0, "run --tokens 5 --recipe bf16 passes")
+
+
+def case_output_paths():
+    """Bad --json/--dump paths are refused before the run; a failed write is an error; files are atomic."""
+    with tempfile.TemporaryDirectory() as tmp:
+        small = ["run", "--backend", "cpu", "--tokens", "16"]
+        # Refused before the run: nothing on stdout, exit 2, the path in the message.
+        expect(small + ["--json", tmp], 2, "--json DIRECTORY refused before the run", stderr_has=(tmp,),
+               stdout_lacks=("result",))
+        missing = os.path.join(tmp, "no-such-folder", "r.json")
+        expect(small + ["--json", missing], 2, "--json in a missing folder refused before the run",
+               stderr_has=(missing,), stdout_lacks=("result",))
+        if os.path.isdir("/proc"):
+            expect(small + ["--json", "/proc/mxmoe-test.json"], 2, "--json /proc/x refused before the run",
+                   stderr_has=("/proc/mxmoe-test.json",), stdout_lacks=("result",))
+        a_file = os.path.join(tmp, "a-file")
+        open(a_file, "w").close()
+        expect(small + ["--dump", a_file], 2, "--dump onto a file refused before the run", stderr_has=(a_file,),
+               stdout_lacks=("result",))
+        expect(small + ["--dump", os.path.join(a_file, "sub")], 2, "--dump under a file refused before the run",
+               stderr_has=(a_file,), stdout_lacks=("result",))
+        # A full disk: the write fails, the exit status says so, the message names the path.
+        if os.path.exists("/dev/full"):
+            rc, out, err, _ = run(*small, "--json", "/dev/full")
+            check(rc == 3 and "/dev/full" in err, "--json /dev/full fails with exit 3 naming the path",
+                  "exit %d\nstderr: %s" % (rc, err[-800:]))
+        # Good paths: complete files, no temporaries left, an existing file replaced whole.
+        j = os.path.join(tmp, "r.json")
+        with open(j, "w") as f:
+            f.write("x" * 100000)
+        d = os.path.join(tmp, "dump", "nested")
+        expect(small + ["--json", j, "--dump", d], 0, "--json FILE --dump DIR (created) written")
+        try:
+            ok = json.load(open(j))["pass"] is True
+        except Exception as e:  # noqa: BLE001
+            ok = False
+            print(e)
+        check(ok, "--json replaced an existing file with the complete report")
+        try:
+            problem = json.load(open(os.path.join(d, "problem.json")))
+            ok = problem["tokens"] == 16 and problem["recipe"] == "mxfp8" and problem["seed"] == 1
+            for name in ("x", "offsets", "probs", "w1", "w2", "dy", "y", "dx", "dprobs", "dw1", "dw2"):
+                read_npy(os.path.join(d, name + ".npy"))
+        except Exception as e:  # noqa: BLE001
+            ok = False
+            print(e)
+        check(ok, "--dump wrote problem.json and every .npy complete")
+        check(not leftovers(tmp) and not leftovers(d), "no temporary files left behind",
+              str(leftovers(tmp) + leftovers(d)))
+
+
+def case_memory_and_bounds():
+    """Absurd sizes are refused at once: out-of-range flags by name, too-big runs with the estimate."""
+    expect(["run", "--experts", "5000000"], 2, "--experts 5000000 out of range",
+           stderr_has=("--experts", "5000000"))
+    expect(["run", "--hidden", "1000000"], 2, "--hidden 1000000 out of range", stderr_has=("--hidden", "1000000"))
+    expect(["run", "--ffn", "0"], 2, "--ffn 0 out of range", stderr_has=("--ffn", "'0'"))
+    expect(["run", "--tokens", "3000000000"], 2, "--tokens 3000000000 out of range",
+           stderr_has=("--tokens", "3000000000"))
+    expect(["run", "--tokens", "-1"], 2, "--tokens -1 out of range", stderr_has=("--tokens", "-1"))
+    expect(["run", "--check-rows", "0"], 2, "--check-rows 0 out of range", stderr_has=("--check-rows",))
+    expect(["run", "--seed", "-1"], 2, "--seed -1 rejected", stderr_has=("--seed",))
+    # ~100 TB: more than any machine has; refused before any allocation, so within seconds.
+    rc, out, err, secs = expect(["run", "--backend", "cpu", "--preset", "dsv3", "--experts", "65536", "--tokens", "10"],
+                                3, "a run larger than memory refused with the estimate",
+                                stderr_has=("needs about", "GiB", "available"), timeout=60)
+    check(secs < 30, "the refusal comes before the run (%.1f s)" % secs)
+
+
+def case_usage():
+    """Every command-line mistake exits 2; --version and `version` exist."""
+    expect(["run", "--backend", "tpu"], 2, "--backend tpu is a usage error", stderr_has=("tpu", "--backend"))
+    expect(["run", "--deny", "bogus"], 2, "--deny bogus is a usage error", stderr_has=("bogus",))
+    expect(["run", "--deny", "cpu,bogus"], 2, "--deny cpu,bogus is a usage error", stderr_has=("bogus",))
+    expect(["info", "--deny", "bogus"], 2, "info --deny bogus is a usage error", stderr_has=("bogus",))
+    expect(["run", "--recipe", "fp4"], 2, "--recipe fp4 is a usage error", stderr_has=("--recipe", "fp4"))
+    expect(["run", "--preset", "nope"], 2, "--preset nope is a usage error", stderr_has=("--preset", "nope"))
+    expect(["run", "--frobnicate"], 2, "an unknown flag is a usage error", stderr_has=("--frobnicate",))
+    expect(["run", "--json"], 2, "a flag without its value is a usage error", stderr_has=("--json",))
+    expect(["frobnicate"], 2, "an unknown command is a usage error", stderr_has=("frobnicate",))
+    expect([], 2, "no command is a usage error")
+    expect(["bench", "--hidden", "512"], 2, "bench rejects the run's problem flags", stderr_has=("--hidden",))
+    expect(["bench", "--dump", "x"], 2, "bench rejects --dump", stderr_has=("--dump",))
+    expect(["info", "--preset", "dsv3"], 2, "info rejects run flags", stderr_has=("--preset",))
+    rc, info_out, _, _ = run("info")
+    version_line = info_out.splitlines()[0] if info_out else ""
+    expect(["--version"], 0, "--version prints the version", stdout_has=(version_line,))
+    expect(["version"], 0, "version prints the version", stdout_has=(version_line,))
+    check(version_line.startswith("mxmoe ") and len(version_line) > 6, "info names the version: %r" % version_line)
+    rc, out, err, _ = expect(["run", "--help"], 0, "run --help lists the run flags",
+                             stdout_has=("--tokens", "--json", "--dump", "--check-rows", "--deny"))
+    expect(["bench", "--help"], 0, "bench --help lists the bench flags", stdout_has=("--preset", "--json"),
+           stdout_lacks=("--tokens", "--dump"))
+    expect(["--help"], 0, "--help lists the commands", stdout_has=("info", "run", "bench", "version"))
+    expect(["help", "run"], 0, "help run is run --help", stdout_has=("--tokens",))
+    # --flag=value still works.
+    expect(["run", "--backend=cpu", "--tokens=8", "--recipe=bf16"], 0, "--flag=value form accepted")
+
+
+def case_json_fields():
+    """The report's JSON keeps every field name scripts read."""
+    with tempfile.TemporaryDirectory() as tmp:
+        j = os.path.join(tmp, "r.json")
+        expect(["run", "--backend", "cpu", "--tokens", "64", "--bias", "--json", j], 0, "run --json")
+        d = json.load(open(j))
+        top = ["preset", "seed", "problem", "token_split", "device", "steps", "forward", "backward", "saved_bytes",
+               "checks", "notes", "pass"]
+        check(all(k in d for k in top), "top-level fields", str(sorted(d)))
+        check(all(k in d["problem"] for k in ("hidden", "ffn", "experts", "tokens", "activation", "glu_layout",
+                                               "recipe", "fc1_bias", "fc2_bias", "scale_fc2_bias", "weight_layout",
+                                               "description")), "problem fields", str(sorted(d["problem"])))
+        check(all(k in d["token_split"] for k in ("kind", "min", "max", "empty_experts")), "token_split fields")
+        check(all(set(s) >= {"step", "backend", "skipped"} for s in d["steps"]) and d["steps"], "step fields")
+        check(set(d["forward"]) >= {"seconds", "tflops"} and set(d["backward"]) >= {"seconds", "tflops"},
+              "timing fields")
+        check(all(set(c) >= {"kind", "output", "scope", "error", "tolerance", "pass"} for c in d["checks"]) and
+              {c["output"] for c in d["checks"]} >= {"y", "dx", "dprobs", "dw1", "dw2", "db1", "db2"},
+              "check fields")
+
+
+CASES = {
+    "zero_tokens": case_zero_tokens,
+    "small_tokens": case_small_tokens,
+    "output_paths": case_output_paths,
+    "memory_and_bounds": case_memory_and_bounds,
+    "usage": case_usage,
+    "json_fields": case_json_fields,
+}
+
+
+def main():
+    global BIN
+    if len(sys.argv) != 3 or (sys.argv[2] not in CASES and sys.argv[2] != "all"):
+        print("usage: test_cli.py MXMOE_BINARY CASE|all   (cases: %s)" % ", ".join(CASES))
+        return 2
+    BIN = os.path.abspath(sys.argv[1])
+    for name, case in CASES.items():
+        if sys.argv[2] in (name, "all"):
+            print("== %s" % name)
+            try:
+                case()
+            except Exception as e:  # noqa: BLE001 - a crash of the case is a failure, with its reason
+                FAILURES.append("%s raised %r" % (name, e))
+                print("FAIL: %s raised %r" % (name, e))
+    print("%d failure(s)" % len(FAILURES))
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

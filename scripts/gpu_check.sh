@@ -3,7 +3,7 @@
 # label included), compute-sanitizer memcheck and racecheck over the kernel tests, the main job on
 # its GPU default (dsv3), the benchmark and the torch peer beside it. Logs go to $OUT (or ./out).
 # GoogleTest is not installed there: carry a copy in .deps/gtest (see docs/gpu_machine.md).
-#   scripts/gpu_check.sh [build|test|torch|sanitize|run|bench]...   (default: all)
+#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|bench]...   (default: all but kernels)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-out}")
@@ -16,7 +16,7 @@ for s in $steps; do
   case $s in
     build)
       scripts/install_cutlass.sh >"$OUT/build.log" 2>&1
-      cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DMXMOE_CUDA_ARCHS=90a -DGTEST_ROOT="$PWD/.deps/gtest" \
+      cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DMXMOE_CUDA_ARCHS=90a -DMXMOE_BUILD_KERNEL_BENCH=ON -DGTEST_ROOT="$PWD/.deps/gtest" \
         >>"$OUT/build.log" 2>&1 && cmake --build $B -j16 >>"$OUT/build.log" 2>&1
       rc=$?; summary build "rc=$rc"; [ $rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; } ;;
     test)
@@ -40,6 +40,11 @@ for s in $steps; do
     run)
       timeout 300 $B/mxmoe run --json "$OUT/run.json" >"$OUT/run.log" 2>"$OUT/run.err"; rc=$?
       summary "mxmoe run (default preset)" "rc=$rc"; tail -45 "$OUT/run.log" ;;
+    kernels)
+      # bench/sm90_kernels.cu on one preset (KERNELS_ARGS, default dsv3): each GEMM's layer configuration
+      # beside its variants, same bytes checked.
+      timeout 300 $B/mxmoe_sm90_kernels ${KERNELS_ARGS:-dsv3} >"$OUT/kernels.md" 2>&1; rc=$?
+      summary "sm90 kernels" "rc=$rc"; cat "$OUT/kernels.md" ;;
     bench)
       # mxmoe bench with no --preset runs every preset but small, balanced and skewed, both recipes
       # (BENCH_ARGS narrows it, e.g. '--preset dsv3'); the torch peer then measures every split of its

@@ -209,6 +209,9 @@ def case_json_fields():
         check(all(set(c) >= {"kind", "output", "scope", "error", "tolerance", "pass"} for c in d["checks"]) and
               {c["output"] for c in d["checks"]} >= {"y", "dx", "dprobs", "dw1", "dw2", "db1", "db2"},
               "check fields")
+        version = subprocess.run([BIN, "--version"], capture_output=True, text=True).stdout.split()[-1]
+        check(d.get("mxmoe_version") == version, "the report carries the library version",
+              "%r vs --version %r" % (d.get("mxmoe_version"), version))
 
 
 CASES = {

@@ -261,6 +261,7 @@ int command_bench(const CliOptions& o) {
     using json = nlohmann::ordered_json;
     auto rounded = [](double v, double scale) { return json(std::round(v * scale) / scale); };
     json j;
+    j["mxmoe_version"] = mxmoe::version();
     j["device"] = cuda_device_description(0);
     j["rows"] = json::array();
     for (const Row& r : rows)

@@ -81,6 +81,7 @@ void write_report_json(const RunReport& r, const std::string& path) {
   const Problem& p = c.problem;
   const double ff = forward_flops(p, c.tokens), bf = backward_flops(p, c.tokens);
   json j;
+  j["mxmoe_version"] = mxmoe::version();
   j["preset"] = c.preset;
   j["seed"] = c.seed;
   j["problem"] = {{"hidden", p.hidden},

@@ -56,13 +56,31 @@ inline std::string backend_unavailable_reason(const std::string& name) {
   return p.available ? "" : name + " is unavailable: " + p.reason;
 }
 
+// Cases of the running test that the backend served and refused (MXMOE_SKIP_UNLESS_SERVED).
+struct CaseTally {
+  int served = 0, refused = 0;
+  std::string first_reason;
+};
+inline CaseTally& case_tally() {
+  static CaseTally t;
+  return t;
+}
+
 // A suite run once per device backend (MXMOE_GPU_BACKEND_SUITE); a backend that cannot run on this
-// machine or build skips every test with its reason.
+// machine or build skips every test with its reason. A test whose every case the backend refused
+// reports SKIPPED with the first refusal; one that ran some cases reports their outcome (the refused
+// ones are NOTE lines in its log).
 class GpuBackendTest : public testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
+    case_tally() = CaseTally{};
     const std::string why = backend_unavailable_reason(GetParam());
     if (!why.empty()) GTEST_SKIP() << "GPU test skipped: " << why;
+  }
+  void TearDown() override {
+    const CaseTally& t = case_tally();
+    if (t.served == 0 && t.refused > 0 && !HasFailure())
+      GTEST_SKIP() << "GPU test skipped: " << GetParam() << " serves none of this test's cases: " << t.first_reason;
   }
   const std::string& backend_name() const { return GetParam(); }
   detail::Backend& backend() const { return *detail::find_backend(GetParam()); }
@@ -96,15 +114,19 @@ inline void note_refused(const detail::Backend& b, const char* what, const detai
   std::printf("[   NOTE   ] %s does not serve %s: %s\n", b.name(), what, p.reason.c_str());
 }
 
-// In a void test helper: when the backend's probe answer `probe` refuses the case, skip the case
-// with the reason and return; the test's other cases still run, and the test reports SKIPPED unless
-// one of them fails.
-#define MXMOE_SKIP_UNLESS_SERVED(backend, probe)                                                     \
-  do {                                                                                               \
-    const ::mxmoe::detail::Probe served_ = (probe);                                                  \
-    if (!served_.available)                                                                          \
-      GTEST_SKIP() << "GPU test skipped: " << (backend).name() << " does not serve this case: "      \
-                   << served_.reason;                                                                \
+// In a void test helper: when the backend's probe answer `probe` refuses the case, note it with the
+// reason and return (dispatch would run the case elsewhere); the test's other cases still run, and
+// GpuBackendTest reports the test SKIPPED only when no case at all was served.
+#define MXMOE_SKIP_UNLESS_SERVED(backend, probe)                                                      \
+  do {                                                                                                \
+    const ::mxmoe::detail::Probe served_ = (probe);                                                   \
+    ::mxmoe::test::CaseTally& tally_ = ::mxmoe::test::case_tally();                                   \
+    if (!served_.available) {                                                                         \
+      if (tally_.refused++ == 0) tally_.first_reason = served_.reason;                                \
+      std::printf("[   NOTE   ] %s does not serve this case: %s\n", (backend).name(), served_.reason.c_str()); \
+      return;                                                                                         \
+    }                                                                                                 \
+    ++tally_.served;                                                                                  \
   } while (0)
 
 // Options that make device backend `name` the first choice: the device backends ahead of it in the

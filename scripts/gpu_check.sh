@@ -16,8 +16,15 @@ for s in $steps; do
   case $s in
     build)
       scripts/install_cutlass.sh >"$OUT/build.log" 2>&1
+      # The CLI's CLI11 and nlohmann/json: the pinned Debian packages, carried as .debs (no network
+      # there) and unpacked into a prefix; their CMake packages are relocatable.
+      prefix=()
+      if ls .deps/debs/*.deb >/dev/null 2>&1; then
+        mkdir -p .deps/root && for f in .deps/debs/*.deb; do dpkg -x "$f" .deps/root; done
+        prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps/root/usr")
+      fi
       cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DMXMOE_CUDA_ARCHS=90a -DMXMOE_BUILD_KERNEL_BENCH=ON -DGTEST_ROOT="$PWD/.deps/gtest" \
-        >>"$OUT/build.log" 2>&1 && cmake --build $B -j16 >>"$OUT/build.log" 2>&1
+        "${prefix[@]}" >>"$OUT/build.log" 2>&1 && cmake --build $B -j16 >>"$OUT/build.log" 2>&1
       rc=$?; summary build "rc=$rc"; [ $rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; } ;;
     test)
       (cd $B && ctest -j4 --output-on-failure --timeout 300 >"$OUT/ctest.log" 2>&1); rc=$?

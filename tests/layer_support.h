@@ -49,6 +49,8 @@ struct RunConfig {
   DType grad_dtype = DType::f32;
   // Initial content of the weight/bias-grad buffers (for accumulate); poisoned when absent.
   std::optional<LayerOutputs> grads_in;
+  // Weights quantized once (prepare_weights), passed to forward and backward.
+  const PreparedWeights* prepared = nullptr;
 };
 
 // Memory on one device for the runner: host vectors or cudaMalloc.
@@ -121,6 +123,7 @@ inline LayerOutputs run_layer(Context& ctx, Device device, const LayerData& d, c
   if (p.fc1_bias) fa.b1 = m.put(d.b1);
   if (p.fc2_bias) fa.b2 = m.put(d.b2);
   fa.y = m.poisoned(DType::bf16, {T, H});
+  fa.prepared = cfg.prepared;
   ctx.clear_report();
   SavedState saved = forward(ctx, p, fa);
   LayerOutputs out;
@@ -144,6 +147,7 @@ inline LayerOutputs run_layer(Context& ctx, Device device, const LayerData& d, c
   if (p.fc2_bias) ba.grads.db2 = db2 = grad(gi ? &gi->db2 : nullptr, {E, H});
   ba.grads.accumulate = cfg.accumulate;
   ba.wgrad = cfg.deferred_wgrad ? WgradMode::deferred : WgradMode::now;
+  ba.prepared = cfg.prepared;
   WgradState pending = backward(ctx, saved, ba);
   if (cfg.deferred_wgrad) compute_wgrad(ctx, pending, ba.grads);
 

@@ -92,6 +92,10 @@ typedef struct mxmoe_forward_args {
   mxmoe_experts w2;
   mxmoe_tensor b2;
   mxmoe_tensor y;
+  /* Read only when struct_size covers it (the struct of an older header is smaller: NULL):
+   * weights quantized once by mxmoe_prepare_weights from these w1 and w2, read instead of
+   * quantizing them in this call; NULL: quantize them here. */
+  struct mxmoe_prepared_weights_s* prepared;
 } mxmoe_forward_args;
 
 typedef struct mxmoe_weight_grads {
@@ -106,6 +110,9 @@ typedef struct mxmoe_backward_args {
   mxmoe_tensor dy, dx, dprobs;
   mxmoe_weight_grads grads;
   int32_t deferred_wgrad; /* 1: dW later through mxmoe_compute_wgrad */
+  /* As mxmoe_forward_args.prepared (read when struct_size covers it): the forward's w1 and w2
+   * quantized once; NULL: quantize them in this call. */
+  struct mxmoe_prepared_weights_s* prepared;
 } mxmoe_backward_args;
 
 /* Lifetimes of the handles (any destruction order is safe; each destroy function accepts NULL):
@@ -121,10 +128,17 @@ typedef struct mxmoe_backward_args {
  * - The caller's tensors a forward reads (x, offsets, probs, w1, b1, w2, b2) are referenced, not
  *   copied: they must stay alive and unchanged until mxmoe_backward (and, when deferred,
  *   mxmoe_compute_wgrad; for the BF16 recipe x and dy too) has run.
+ * - A prepared-weights handle (mxmoe_prepare_weights) owns its quantized copies and, like the states,
+ *   keeps alive the allocator bridge of the context that made it: that context may be destroyed
+ *   first, and any context may use it. It copies w1 and w2 (they may change afterwards; it is then
+ *   stale and must be prepared again). It must stay alive until every mxmoe_forward and
+ *   mxmoe_backward that was given it (args.prepared) has returned; destroying it between a forward
+ *   and its backward is fine when that backward is not given it. A saved state never references it.
  * - A handle must not be used by two threads at once; mxmoe_last_error() is per thread. */
 typedef struct mxmoe_context_s* mxmoe_context;
 typedef struct mxmoe_saved_s* mxmoe_saved;
 typedef struct mxmoe_wgrad_s* mxmoe_wgrad;
+typedef struct mxmoe_prepared_weights_s* mxmoe_prepared_weights;
 
 MXMOE_API const char* mxmoe_version(void);
 /* The message of the last failed call on this thread ("" if none). Valid until the next call. */
@@ -146,6 +160,19 @@ MXMOE_API mxmoe_status mxmoe_backward(mxmoe_context ctx, mxmoe_saved saved, cons
                                       mxmoe_wgrad* wgrad_out);
 MXMOE_API mxmoe_status mxmoe_compute_wgrad(mxmoe_context ctx, mxmoe_wgrad wgrad, const mxmoe_weight_grads* grads);
 MXMOE_API void mxmoe_wgrad_destroy(mxmoe_wgrad wgrad);
+
+/* Weights quantized once per version: W1 and W2 in the MXFP8 copies forward (row-wise) and
+ * backward (column-wise) read, for any number of calls given it through args.prepared while the
+ * weights do not change; results are bit-identical to calls without it. Tied to the problem's
+ * hidden, ffn, experts, recipe and glu_layout, the weights' device and the context's scale layout
+ * (a call that differs is MXMOE_ERROR_INVALID_ARGUMENT naming "prepared"). For the BF16 recipe it
+ * holds nothing (bytes 0). The report's steps are "prepare.quantize_w1", ... On CUDA the copies are
+ * written on the context's stream: a call on another stream must be ordered after it. */
+MXMOE_API mxmoe_status mxmoe_prepare_weights(mxmoe_context ctx, const mxmoe_problem* problem,
+                                             const mxmoe_experts* w1, const mxmoe_experts* w2,
+                                             mxmoe_prepared_weights* out);
+MXMOE_API int64_t mxmoe_prepared_weights_bytes(mxmoe_prepared_weights prepared);
+MXMOE_API void mxmoe_prepared_weights_destroy(mxmoe_prepared_weights prepared);
 
 #ifdef __cplusplus
 }

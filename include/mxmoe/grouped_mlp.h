@@ -17,6 +17,8 @@
 
 namespace mxmoe {
 
+class PreparedWeights;
+
 struct ForwardArgs {
   TensorView x;          // bf16 [T, H]
   GroupOffsets offsets;  // i32 [E+1]
@@ -26,6 +28,9 @@ struct ForwardArgs {
   ExpertMatrices w2;     // bf16 [E, H, F]
   TensorView b2;         // bf16 [E, H] when problem.fc2_bias
   TensorView y;          // out: bf16 [T, H]
+  // Optional: the weights quantized once by prepare_weights() from these w1 and w2; forward then
+  // reads them instead of quantizing w1 and w2 itself. Must outlive the call.
+  const PreparedWeights* prepared = nullptr;
 };
 
 // Weight- and bias-gradient outputs. dtype f32: D = grad + (accumulate ? D : 0) (main-grad
@@ -46,11 +51,15 @@ struct BackwardArgs {
   TensorView dprobs;  // out: f32 [T]
   WeightGrads grads;  // dW written now, or by compute_wgrad() when deferred; db always now
   WgradMode wgrad = WgradMode::now;
+  // Optional: the forward's w1 and w2 quantized once by prepare_weights(); backward then reads
+  // their column-wise copies instead of quantizing the weights itself. Must outlive the call.
+  const PreparedWeights* prepared = nullptr;
 };
 
 namespace detail {
 struct SavedImpl;
 struct WgradImpl;
+struct PreparedImpl;
 }
 
 // What forward keeps for backward (docs/numerics.md "Layer dataflow"), owned by the library.
@@ -84,6 +93,42 @@ class MXMOE_API WgradState {
  private:
   std::unique_ptr<detail::WgradImpl> impl_;
 };
+
+// ---- Weights quantized once per version ----
+// The weights prepare_weights() reads: the same w1 and w2 forward and backward are given.
+struct WeightsArgs {
+  ExpertMatrices w1;  // bf16 [E, 2F, H]
+  ExpertMatrices w2;  // bf16 [E, H, F]
+};
+
+// The MXFP8 copies of W1 and W2 the layer's GEMMs read (row-wise for fprop, column-wise for dgrad),
+// made once by prepare_weights() and passed to any number of forward()/backward() calls (through
+// ForwardArgs::prepared, BackwardArgs::prepared) while the weights do not change. Library memory
+// (the context's allocator). For Recipe::bf16 it holds nothing (bytes() == 0): that recipe reads the
+// weights as given. Movable, not copyable.
+class MXMOE_API PreparedWeights {
+ public:
+  PreparedWeights();
+  explicit PreparedWeights(std::unique_ptr<detail::PreparedImpl> impl);
+  PreparedWeights(PreparedWeights&&) noexcept;
+  PreparedWeights& operator=(PreparedWeights&&) noexcept;
+  ~PreparedWeights();
+  int64_t bytes() const;  // device (or host) bytes of the quantized copies
+  bool valid() const { return impl_ != nullptr; }
+  const detail::PreparedImpl& impl() const { return *impl_; }
+
+ private:
+  std::unique_ptr<detail::PreparedImpl> impl_;
+};
+
+// Quantizes w1 and w2 (steps "prepare.quantize_w1", "prepare.quantize_w2", "prepare.quantize_w1_col",
+// "prepare.quantize_w2_col" in the report) with the same functions forward and backward use, so a
+// call given the result is bit-identical to one without it. The result is tied to the problem's
+// hidden, ffn, experts, recipe and glu_layout, to the weights' device and to the context's
+// scale_layout; a call that differs is an error naming `prepared`. It copies what it needs: w1
+// and w2 may change afterwards (then the result is stale and must be prepared again). On CUDA the
+// copies are written on the context's stream: a call on another stream must be ordered after it.
+MXMOE_API PreparedWeights prepare_weights(Context& ctx, const Problem& problem, const WeightsArgs& weights);
 
 MXMOE_API SavedState forward(Context& ctx, const Problem& problem, const ForwardArgs& args);
 

@@ -2,6 +2,7 @@
 // and keep its message for mxmoe_last_error().
 #include "mxmoe/c_api.h"
 
+#include <cstddef>
 #include <memory>
 #include <new>
 #include <sstream>
@@ -48,6 +49,10 @@ struct mxmoe_wgrad_s {
   std::shared_ptr<AllocBridge> forward_bridge;   // x_col / a_col / a moved in from the saved state
   std::shared_ptr<AllocBridge> backward_bridge;  // dy_col / dc_col / dc allocated by the backward
   mxmoe::WgradState state;
+};
+struct mxmoe_prepared_weights_s {
+  std::shared_ptr<AllocBridge> bridge;  // the preparing context's: the quantized copies came from it
+  mxmoe::PreparedWeights weights;
 };
 
 namespace {
@@ -150,6 +155,15 @@ WeightGrads grads(const mxmoe_weight_grads& g) {
   return w;
 }
 
+// A field appended to a config struct after its first version: read only when the caller's
+// struct_size covers it, otherwise its default (the caller compiled against an older header).
+template <class S, class M>
+M appended(const S& s, M S::*member, size_t offset, M fallback) {
+  return s.struct_size >= offset + sizeof(M) ? s.*member : fallback;
+}
+
+const PreparedWeights* prepared_of(mxmoe_prepared_weights p) { return p ? &p->weights : nullptr; }
+
 template <class P>
 void require(const P* p, const char* name) {
   if (!p) throw Error(name, "is NULL");
@@ -207,7 +221,7 @@ mxmoe_status mxmoe_forward(mxmoe_context ctx, const mxmoe_problem* p, const mxmo
     require(a, "args");
     require(saved_out, "saved_out");
     *saved_out = nullptr;
-    check_struct(a->struct_size, sizeof(mxmoe_forward_args), "args");
+    check_struct(a->struct_size, offsetof(mxmoe_forward_args, prepared), "args");
     ForwardArgs f;
     f.x = view(a->x, "x");
     f.offsets.offsets = view(a->offsets, "offsets");
@@ -217,6 +231,8 @@ mxmoe_status mxmoe_forward(mxmoe_context ctx, const mxmoe_problem* p, const mxmo
     f.w2 = experts(a->w2, "w2");
     f.b2 = view(a->b2, "b2");
     f.y = view(a->y, "y");
+    f.prepared = prepared_of(
+        appended(*a, &mxmoe_forward_args::prepared, offsetof(mxmoe_forward_args, prepared), mxmoe_prepared_weights{}));
     const Problem q = problem(*p);
     ctx->ctx.clear_report();
     auto* s = new mxmoe_saved_s{ctx->bridge, forward(ctx->ctx, q, f)};
@@ -234,7 +250,7 @@ mxmoe_status mxmoe_backward(mxmoe_context ctx, mxmoe_saved saved, const mxmoe_ba
     require(saved, "saved");
     require(a, "args");
     if (wgrad_out) *wgrad_out = nullptr;
-    check_struct(a->struct_size, sizeof(mxmoe_backward_args), "args");
+    check_struct(a->struct_size, offsetof(mxmoe_backward_args, prepared), "args");
     if (a->deferred_wgrad && !wgrad_out) throw Error("wgrad_out", "is NULL but deferred_wgrad is set");
     BackwardArgs b;
     b.dy = view(a->dy, "dy");
@@ -242,6 +258,8 @@ mxmoe_status mxmoe_backward(mxmoe_context ctx, mxmoe_saved saved, const mxmoe_ba
     b.dprobs = view(a->dprobs, "dprobs");
     b.grads = grads(a->grads);
     b.wgrad = a->deferred_wgrad ? WgradMode::deferred : WgradMode::now;
+    b.prepared = prepared_of(appended(*a, &mxmoe_backward_args::prepared, offsetof(mxmoe_backward_args, prepared),
+                                      mxmoe_prepared_weights{}));
     WgradState w = backward(ctx->ctx, saved->state, b);
     if (a->deferred_wgrad) *wgrad_out = new mxmoe_wgrad_s{saved->bridge, ctx->bridge, std::move(w)};
   });
@@ -257,5 +275,26 @@ mxmoe_status mxmoe_compute_wgrad(mxmoe_context ctx, mxmoe_wgrad wgrad, const mxm
 }
 
 void mxmoe_wgrad_destroy(mxmoe_wgrad wgrad) { delete wgrad; }
+
+mxmoe_status mxmoe_prepare_weights(mxmoe_context ctx, const mxmoe_problem* p, const mxmoe_experts* w1,
+                                   const mxmoe_experts* w2, mxmoe_prepared_weights* out) {
+  return guarded([&] {
+    require(ctx, "ctx");
+    require(p, "problem");
+    require(w1, "w1");
+    require(w2, "w2");
+    require(out, "out");
+    *out = nullptr;
+    const Problem q = problem(*p);
+    const WeightsArgs w{.w1 = experts(*w1, "w1"), .w2 = experts(*w2, "w2")};
+    ctx->ctx.clear_report();
+    *out = new mxmoe_prepared_weights_s{ctx->bridge, prepare_weights(ctx->ctx, q, w)};
+  });
+}
+
+int64_t mxmoe_prepared_weights_bytes(mxmoe_prepared_weights prepared) {
+  return prepared ? prepared->weights.bytes() : 0;
+}
+void mxmoe_prepared_weights_destroy(mxmoe_prepared_weights prepared) { delete prepared; }
 
 }  // extern "C"

@@ -35,6 +35,13 @@ WgradState& WgradState::operator=(WgradState&&) noexcept = default;
 WgradState::~WgradState() = default;
 int64_t WgradState::bytes() const { return impl_ ? impl_->bytes() : 0; }
 
+PreparedWeights::PreparedWeights() = default;
+PreparedWeights::PreparedWeights(std::unique_ptr<detail::PreparedImpl> impl) : impl_(std::move(impl)) {}
+PreparedWeights::PreparedWeights(PreparedWeights&&) noexcept = default;
+PreparedWeights& PreparedWeights::operator=(PreparedWeights&&) noexcept = default;
+PreparedWeights::~PreparedWeights() = default;
+int64_t PreparedWeights::bytes() const { return impl_ ? impl_->bytes() : 0; }
+
 namespace detail {
 namespace {
 
@@ -47,6 +54,7 @@ std::unique_ptr<SavedImpl> new_saved(const Problem& p, const ForwardArgs& refs, 
   static_cast<StateOrigin&>(*s) = {p, T, d};
   s->refs = refs;
   s->refs.y = {};
+  s->refs.prepared = nullptr;  // backward is given its own (BackwardArgs::prepared)
   return s;
 }
 
@@ -63,7 +71,7 @@ WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, 
 // ---- Memory: estimated before the first allocation, failures reported with the estimate ----
 
 // The library memory forward_impl allocates below (same sizes as layer_state.h's make_* functions).
-int64_t forward_memory(const Problem& p, int64_t T, bool into) {
+int64_t forward_memory(const Problem& p, int64_t T, bool into, bool prepared) {
   const int64_t E = p.experts, H = p.hidden, F = p.ffn;
   const char* what = "memory";
   int64_t n = 0;
@@ -72,8 +80,10 @@ int64_t forward_memory(const Problem& p, int64_t T, bool into) {
   if (p.recipe == Recipe::mxfp8) {
     add(mxfp8_bytes(T, H, BlockAxis::row, E, what));               // x_row
     if (!into) add(mxfp8_bytes(T, H, BlockAxis::col, E, what));    // x_col
-    add(expert_mxfp8_bytes(E, 2 * F, H, BlockAxis::row, what));    // w1q
-    add(expert_mxfp8_bytes(E, H, F, BlockAxis::row, what));        // w2q
+    if (!prepared) {
+      add(expert_mxfp8_bytes(E, 2 * F, H, BlockAxis::row, what));  // w1q
+      add(expert_mxfp8_bytes(E, H, F, BlockAxis::row, what));      // w2q
+    }
     add(mxfp8_bytes(T, F, BlockAxis::row, E, what));               // a_row
     if (!into) add(mxfp8_bytes(T, F, BlockAxis::col, E, what));    // a_col
   } else if (!into) {
@@ -83,7 +93,7 @@ int64_t forward_memory(const Problem& p, int64_t T, bool into) {
 }
 
 // The library memory backward_impl allocates below.
-int64_t backward_memory(const Problem& p, int64_t T, bool into) {
+int64_t backward_memory(const Problem& p, int64_t T, bool into, bool prepared) {
   const int64_t E = p.experts, H = p.hidden, F = p.ffn;
   const char* what = "memory";
   int64_t n = 0;
@@ -92,10 +102,10 @@ int64_t backward_memory(const Problem& p, int64_t T, bool into) {
   if (p.recipe == Recipe::mxfp8) {
     add(mxfp8_bytes(T, H, BlockAxis::row, E, what));                // dy_row
     if (!into) add(mxfp8_bytes(T, H, BlockAxis::col, E, what));     // dy_col
-    add(expert_mxfp8_bytes(E, H, F, BlockAxis::col, what));         // w2q
+    if (!prepared) add(expert_mxfp8_bytes(E, H, F, BlockAxis::col, what));  // w2q
     add(mxfp8_bytes(T, 2 * F, BlockAxis::row, E, what));            // dc_row
     if (!into) add(mxfp8_bytes(T, 2 * F, BlockAxis::col, E, what)); // dc_col
-    add(expert_mxfp8_bytes(E, 2 * F, H, BlockAxis::col, what));     // w1q
+    if (!prepared) add(expert_mxfp8_bytes(E, 2 * F, H, BlockAxis::col, what));  // w1q
   } else if (!into) {
     add(tensor_bytes(DType::bf16, {T, 2 * F}, what));  // dc
   }
@@ -125,7 +135,7 @@ auto with_memory_estimate(const std::string& what, int64_t need, Fn&& f) {
 SavedState forward_impl(Context& ctx, const Problem& p, const ForwardArgs& a, const StateBuffers* into) {
   validate_forward(p, a, into, ctx.options().scale_layout);
   const std::string what = call_name("forward", p, a.x.shape[0]);
-  const int64_t need = forward_memory(p, a.x.shape[0], into != nullptr);
+  const int64_t need = forward_memory(p, a.x.shape[0], into != nullptr, a.prepared != nullptr);
   check_capacity(a.x.device, need, ctx.options().allocator, what);
   return with_memory_estimate(what, need, [&] { return forward_run(ctx, p, a, into); });
 }
@@ -147,15 +157,17 @@ SavedState forward_run(Context& ctx, const Problem& p, const ForwardArgs& a, con
   if (mx) {
     x_row = make_mxfp8(o, d, T, H, BlockAxis::row, layout, E);
     s->x_col = into ? borrowed(into->x_col) : make_mxfp8(o, d, T, H, BlockAxis::col, layout, E);
-    w1q = make_expert_mxfp8(o, d, E, 2 * F, H, BlockAxis::row, layout);
-    w2q = make_expert_mxfp8(o, d, E, H, F, BlockAxis::row, layout);
+    if (!a.prepared) {
+      w1q = make_expert_mxfp8(o, d, E, 2 * F, H, BlockAxis::row, layout);
+      w2q = make_expert_mxfp8(o, d, E, H, F, BlockAxis::row, layout);
+    }
     a_row = make_mxfp8(o, d, T, F, BlockAxis::row, layout, E);
     s->a_col = into ? borrowed(into->a_col) : make_mxfp8(o, d, T, F, BlockAxis::col, layout, E);
     fc1.x = mx_op(x_row.view);
-    fc1.w1 = w1q.operand;
+    fc1.w1 = a.prepared ? a.prepared->impl().w1_row.operand : w1q.operand;
     fc1.a = {.row = a_row.view, .col = s->a_col.view};
     fc2.a = mx_op(a_row.view);
-    fc2.w2 = w2q.operand;
+    fc2.w2 = a.prepared ? a.prepared->impl().w2_row.operand : w2q.operand;
   } else {
     s->a_bf16 = into ? borrowed(into->a) : make_tensor(o, d, DType::bf16, {T, F});
     fc1.a.bf16 = s->a_bf16.view;
@@ -163,9 +175,11 @@ SavedState forward_run(Context& ctx, const Problem& p, const ForwardArgs& a, con
   }
 
   std::vector<LayerStep> steps;
-  if (mx) steps = {quantize_x({a.x, a.offsets, x_row.view, s->x_col.view}), quantize_w1(w1q.quantize_from(a.w1))};
+  const bool quantize_weights = mx && !a.prepared;
+  if (mx) steps.push_back(quantize_x({a.x, a.offsets, x_row.view, s->x_col.view}));
+  if (quantize_weights) steps.push_back(quantize_w1(w1q.quantize_from(a.w1)));
   steps.push_back(fc1_fprop(p, fc1));
-  if (mx) steps.push_back(quantize_w2(w2q.quantize_from(a.w2)));
+  if (quantize_weights) steps.push_back(quantize_w2(w2q.quantize_from(a.w2)));
   steps.push_back(fc2_fprop(p, fc2));
   PlannedSteps(ctx, std::move(steps)).run();
   return SavedState(std::move(s));
@@ -193,7 +207,7 @@ WgradState backward_impl(Context& ctx, SavedState& saved, const BackwardArgs& a,
   validate_backward(saved, a, into, ctx.options().scale_layout);
   const SavedImpl& s = saved.impl();
   const std::string what = call_name("backward", s.problem, s.tokens);
-  const int64_t need = backward_memory(s.problem, s.tokens, into != nullptr);
+  const int64_t need = backward_memory(s.problem, s.tokens, into != nullptr, a.prepared != nullptr);
   check_capacity(s.device, need, ctx.options().allocator, what);
   return with_memory_estimate(what, need, [&] { return backward_run(ctx, saved, a, into); });
 }
@@ -222,15 +236,15 @@ WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, 
   if (mx) {
     dy_row = make_mxfp8(o, d, T, H, BlockAxis::row, layout, E);
     w->dy_col = into ? borrowed(into->dy_col) : make_mxfp8(o, d, T, H, BlockAxis::col, layout, E);
-    w2q = make_expert_mxfp8(o, d, E, H, F, BlockAxis::col, layout);
+    if (!a.prepared) w2q = make_expert_mxfp8(o, d, E, H, F, BlockAxis::col, layout);
     dc_row = make_mxfp8(o, d, T, 2 * F, BlockAxis::row, layout, E);
     w->dc_col = into ? borrowed(into->dc_col) : make_mxfp8(o, d, T, 2 * F, BlockAxis::col, layout, E);
-    w1q = make_expert_mxfp8(o, d, E, 2 * F, H, BlockAxis::col, layout);
+    if (!a.prepared) w1q = make_expert_mxfp8(o, d, E, 2 * F, H, BlockAxis::col, layout);
     fc2.dy = mx_op(dy_row.view);
-    fc2.w2 = w2q.operand;
+    fc2.w2 = a.prepared ? a.prepared->impl().w2_col.operand : w2q.operand;
     fc2.dc = {.row = dc_row.view, .col = w->dc_col.view};
     fc1.dc = mx_op(dc_row.view);
-    fc1.w1 = w1q.operand;
+    fc1.w1 = a.prepared ? a.prepared->impl().w1_col.operand : w1q.operand;
     wops = {mx_op(w->dy_col.view), mx_op(s.a_col.view), mx_op(w->dc_col.view), mx_op(s.x_col.view)};
   } else {
     w->dy_bf16 = a.dy;
@@ -245,9 +259,10 @@ WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, 
   if (p.fc2_bias)
     steps.push_back(fc2_bias_grads(p, {.dy = a.dy, .offsets = r.offsets, .probs = r.probs, .b2 = r.b2,
                                        .db2 = {a.grads.db2, a.grads.accumulate}, .dprob_add = dprob_add.view}));
-  if (mx) steps.push_back(quantize_w2(w2q.quantize_from(r.w2)));
+  const bool quantize_weights = mx && !a.prepared;
+  if (quantize_weights) steps.push_back(quantize_w2(w2q.quantize_from(r.w2)));
   steps.push_back(fc2_dgrad(p, fc2));
-  if (mx) steps.push_back(quantize_w1(w1q.quantize_from(r.w1)));
+  if (quantize_weights) steps.push_back(quantize_w1(w1q.quantize_from(r.w1)));
   steps.push_back(fc1_dgrad(p, fc1));
   PlannedSteps dgrad(ctx, std::move(steps));
   std::optional<PlannedSteps> wgrad;
@@ -271,8 +286,57 @@ WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, 
   return WgradState(std::move(w));
 }
 
+// The library memory prepare_weights allocates.
+int64_t prepare_memory(const Problem& p) {
+  if (p.recipe != Recipe::mxfp8) return 0;
+  const int64_t E = p.experts, H = p.hidden, F = p.ffn;
+  const char* what = "memory";
+  int64_t n = 0;
+  for (BlockAxis axis : {BlockAxis::row, BlockAxis::col}) {
+    n = checked_add(n, expert_mxfp8_bytes(E, 2 * F, H, axis, what), what);  // w1
+    n = checked_add(n, expert_mxfp8_bytes(E, H, F, axis, what), what);      // w2
+  }
+  return n;
+}
+
+LayerStep prepare_step(LayerStep step) {
+  step.label = "prepare." + step.label;
+  return step;
+}
+
+PreparedWeights prepare_run(Context& ctx, const Problem& p, const WeightsArgs& w, Device d) {
+  const Options& o = ctx.options();
+  const ScaleLayout layout = o.scale_layout;
+  const int64_t E = p.experts, H = p.hidden, F = p.ffn;
+  auto pw = std::make_unique<PreparedImpl>();
+  pw->problem = p;
+  pw->device = d;
+  pw->layout = layout;
+  if (p.recipe == Recipe::mxfp8) {
+    pw->w1_row = make_expert_mxfp8(o, d, E, 2 * F, H, BlockAxis::row, layout);
+    pw->w2_row = make_expert_mxfp8(o, d, E, H, F, BlockAxis::row, layout);
+    pw->w1_col = make_expert_mxfp8(o, d, E, 2 * F, H, BlockAxis::col, layout);
+    pw->w2_col = make_expert_mxfp8(o, d, E, H, F, BlockAxis::col, layout);
+    PlannedSteps(ctx, {prepare_step(quantize_w1(pw->w1_row.quantize_from(w.w1))),
+                       prepare_step(quantize_w2(pw->w2_row.quantize_from(w.w2))),
+                       prepare_step(quantize_w1(pw->w1_col.quantize_from(w.w1))),
+                       prepare_step(quantize_w2(pw->w2_col.quantize_from(w.w2)))})
+        .run();
+  }
+  return PreparedWeights(std::move(pw));
+}
+
 }  // namespace
 }  // namespace detail
+
+PreparedWeights prepare_weights(Context& ctx, const Problem& p, const WeightsArgs& w) {
+  using namespace detail;
+  const Device d = validate_prepare_weights(p, w);
+  const std::string what = "prepare_weights (" + describe(p) + ")";
+  const int64_t need = prepare_memory(p);
+  check_capacity(d, need, ctx.options().allocator, what);
+  return with_memory_estimate(what, need, [&] { return prepare_run(ctx, p, w, d); });
+}
 
 SavedState forward(Context& ctx, const Problem& p, const ForwardArgs& a) {
   return detail::forward_impl(ctx, p, a, nullptr);

@@ -36,6 +36,7 @@ struct OwnedExpertMxfp8 {
   ExpertOperand operand;
   int64_t experts = 0, rows = 0, cols = 0;
   BlockAxis axis = BlockAxis::row;
+  int64_t bytes() const { return (data.ptr ? data.bytes : 0) + (scales.ptr ? scales.bytes : 0); }
   // The quantize_experts arguments that fill this copy from `src`.
   QuantizeExpertsStep quantize_from(const ExpertMatrices& src) const {
     return {src, experts, rows, cols, operand.data.dense, operand.scales.dense, axis, operand.layout};
@@ -56,7 +57,7 @@ struct StateOrigin {
 };
 
 struct SavedImpl : StateOrigin {
-  ForwardArgs refs;      // caller's inputs, referenced not copied (y unused)
+  ForwardArgs refs;      // caller's inputs, referenced not copied (y, prepared unused)
   OwnedTensor c;         // FC1 output, bf16 [T, 2F]
   OwnedMxfp8 x_col;      // mxfp8: X column-wise (for dW1)
   OwnedMxfp8 a_col;      // mxfp8: A column-wise (for dW2)
@@ -73,6 +74,16 @@ struct WgradImpl : StateOrigin {
   int64_t bytes() const {
     return x_col.bytes() + a_col.bytes() + dy_col.bytes() + dc_col.bytes() + a_bf16.bytes() + dc_bf16.bytes();
   }
+};
+
+// prepare_weights()'s copies (mxfp8 recipe; empty for bf16).
+struct PreparedImpl {
+  Problem problem;
+  Device device{};
+  ScaleLayout layout = ScaleLayout::compact;
+  OwnedExpertMxfp8 w1_row, w2_row;  // fprop operands
+  OwnedExpertMxfp8 w1_col, w2_col;  // dgrad operands
+  int64_t bytes() const { return w1_row.bytes() + w2_row.bytes() + w1_col.bytes() + w2_col.bytes(); }
 };
 
 }  // namespace mxmoe::detail

@@ -218,6 +218,7 @@ void validate_forward(const Problem& p, const ForwardArgs& a, const StateBuffers
     for (const Region& r : saved_buffer_regions(*into)) outs.push_back(r);
   }
   check_no_alias(outs, input_regions(a));
+  check_prepared(a.prepared, p, a.x.device, layout);
 }
 
 int64_t validate_restore_saved(const Problem& p, const ForwardArgs& inputs, const StateBuffers& saved) {
@@ -263,6 +264,7 @@ void validate_backward(SavedState& saved, const BackwardArgs& a, const StateBuff
   std::vector<Region> ins = saved_input_regions(s);
   ins.push_back(region("dy", a.dy));
   check_no_alias(outs, ins);
+  check_prepared(a.prepared, p, s.device, layout);
 }
 
 int64_t validate_restore_wgrad(const Problem& p, const ForwardArgs& inputs, const TensorView& dy,
@@ -298,6 +300,43 @@ int64_t validate_restore_wgrad(const Problem& p, const ForwardArgs& inputs, cons
   }
   check_deferred_buffers(p, state, T, layout, d);
   return T;
+}
+
+Device validate_prepare_weights(const Problem& p, const WeightsArgs& w) {
+  validate_problem(p);
+  std::vector<NamedDevice> devices;
+  add_device(devices, "w1", w.w1.dense);
+  add_device(devices, "w1.pointers", w.w1.pointers);
+  add_device(devices, "w2", w.w2.dense);
+  add_device(devices, "w2.pointers", w.w2.pointers);
+  if (devices.empty()) throw Error("w1", "missing (no data pointer); expected bf16 [E, 2F, H]");
+  check_one_device(devices, false);
+  const CallDevice d{devices.front().device, devices.front().name};
+  check_weight_layout(p, w.w1, "w1");
+  check_weight_layout(p, w.w2, "w2");
+  check_experts(w.w1, "w1", {DType::bf16}, p.experts, 2 * p.ffn, p.hidden, d);
+  check_experts(w.w2, "w2", {DType::bf16}, p.experts, p.hidden, p.ffn, d);
+  return d.device;
+}
+
+void check_prepared(const PreparedWeights* prepared, const Problem& p, Device device, ScaleLayout layout) {
+  if (!prepared) return;
+  if (!prepared->valid()) throw Error("prepared", "empty PreparedWeights (prepare_weights() did not produce it)");
+  const PreparedImpl& w = prepared->impl();
+  const Problem& q = w.problem;
+  auto differs = [&](const char* field, const std::string& made, const std::string& now) {
+    throw Error("prepared", std::string("was prepared for ") + field + "=" + made + " but this call has " + field +
+                                "=" + now);
+  };
+  if (q.hidden != p.hidden) differs("problem.hidden", std::to_string(q.hidden), std::to_string(p.hidden));
+  if (q.ffn != p.ffn) differs("problem.ffn", std::to_string(q.ffn), std::to_string(p.ffn));
+  if (q.experts != p.experts) differs("problem.experts", std::to_string(q.experts), std::to_string(p.experts));
+  if (q.recipe != p.recipe) differs("problem.recipe", to_string(q.recipe), to_string(p.recipe));
+  if (q.glu_layout != p.glu_layout) differs("problem.glu_layout", to_string(q.glu_layout), to_string(p.glu_layout));
+  if (w.device != device) differs("device", device_name(w.device), device_name(device));
+  if (p.recipe == Recipe::mxfp8 && w.layout != layout)
+    differs("the context's scale_layout", w.layout == ScaleLayout::swizzled ? "swizzled" : "compact",
+            layout == ScaleLayout::swizzled ? "swizzled" : "compact");
 }
 
 void validate_compute_wgrad(WgradState& state, const WeightGrads& grads) {

@@ -17,6 +17,11 @@ void validate_backward(SavedState& saved, const BackwardArgs& a, const StateBuff
 // restore_wgrad_state(): returns T.
 int64_t validate_restore_wgrad(const Problem& p, const ForwardArgs& inputs, const TensorView& dy,
                                const StateBuffers& state);
+// prepare_weights(): the problem and w1, w2 (one device); returns that device.
+Device validate_prepare_weights(const Problem& p, const WeightsArgs& w);
+// ForwardArgs::prepared / BackwardArgs::prepared (when given): made by prepare_weights() for this
+// problem's shapes, recipe and GLU layout, on `device`, with the context's scale `layout`.
+void check_prepared(const PreparedWeights* prepared, const Problem& p, Device device, ScaleLayout layout);
 // compute_wgrad(): a pending state and weight-gradient buffers that overlap none of its operands.
 void validate_compute_wgrad(WgradState& state, const WeightGrads& grads);
 

@@ -2,8 +2,11 @@
  * allocator, checked against properties that must hold (finite outputs, dense == per-expert,
  * bad input -> INVALID_ARGUMENT with a message naming the argument, nothing written); handles
  * destroyed in every order (c_api.h "Lifetimes"; also run under AddressSanitizer when the build
- * can, CApi.LifetimesUnderAddressSanitizer); out of memory -> MXMOE_ERROR_OUT_OF_MEMORY. */
+ * can, CApi.LifetimesUnderAddressSanitizer); out of memory -> MXMOE_ERROR_OUT_OF_MEMORY; prepared
+ * weights bit-identical to quantizing per call, refused when made for another problem, and
+ * destroyed before or after the contexts and states around them. */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,6 +150,110 @@ static void lifetimes(const mxmoe_problem* p, const mxmoe_forward_args* fa, cons
         (long long)(bad_frees - bad_before));
   CHECK(main_pool.live == main_before && other_pool.live == 0, "live bytes after every handle is gone: %lld, %lld",
         (long long)(main_pool.live - main_before), (long long)other_pool.live);
+}
+
+/* One forward + immediate backward; copies y, dx and dw1 out. */
+static void run_once(mxmoe_context ctx, const mxmoe_problem* p, const mxmoe_forward_args* fa,
+                     const mxmoe_backward_args* ba, mxmoe_prepared_weights pw, uint16_t* y, uint16_t* dx, float* dw1) {
+  mxmoe_forward_args f = *fa;
+  mxmoe_backward_args b = *ba;
+  f.prepared = pw;
+  b.prepared = pw;
+  b.deferred_wgrad = 0;
+  mxmoe_saved saved = NULL;
+  CHECK(mxmoe_forward(ctx, p, &f, &saved) == MXMOE_OK, "%s", mxmoe_last_error());
+  CHECK(mxmoe_backward(ctx, saved, &b, NULL) == MXMOE_OK, "%s", mxmoe_last_error());
+  mxmoe_saved_destroy(saved);
+  memcpy(y, f.y.data, sizeof(uint16_t) * T * H);
+  memcpy(dx, b.dx.data, sizeof(uint16_t) * T * H);
+  memcpy(dw1, b.grads.dw1.dense.data, sizeof(float) * E * 2 * F * H);
+}
+
+/* Weights quantized once (mxmoe_prepare_weights): bit-identical results, no per-call weight
+ * quantize step, a mismatch refused naming "prepared" with nothing written, an older (smaller)
+ * args struct ignoring the field, and the handle destroyed before or after its context and the
+ * states of the calls that used it. */
+static void prepared_weights(const mxmoe_problem* p, const mxmoe_forward_args* fa, const mxmoe_backward_args* ba,
+                             const mxmoe_weight_grads* g) {
+  static uint16_t y0[T * H], dx0[T * H], y1[T * H], dx1[T * H];
+  static float dw0[E * 2 * F * H], dw1[E * 2 * F * H];
+  mxmoe_options oa;
+  memset(&oa, 0, sizeof oa);
+  oa.struct_size = sizeof oa;
+  oa.backend = "cpu";
+  oa.alloc = my_alloc;
+  oa.free = my_free;
+  oa.alloc_user = &other_pool;
+  const int64_t bad_before = bad_frees;
+  mxmoe_backward_args b = *ba;
+  b.grads = *g;
+  mxmoe_context ctx = NULL, maker = NULL;
+  CHECK(mxmoe_context_create(&oa, &ctx) == MXMOE_OK, "%s", mxmoe_last_error());
+  run_once(ctx, p, fa, &b, NULL, y0, dx0, dw0);
+  CHECK(mxmoe_context_step_backend(ctx, "quantize_w1") != NULL, "a plain forward quantizes w1");
+
+  /* Made by a context destroyed before the handle is used. */
+  CHECK(mxmoe_context_create(&oa, &maker) == MXMOE_OK, "%s", mxmoe_last_error());
+  mxmoe_prepared_weights pw = NULL;
+  CHECK(mxmoe_prepare_weights(maker, p, &fa->w1, &fa->w2, &pw) == MXMOE_OK, "%s", mxmoe_last_error());
+  CHECK(pw != NULL && mxmoe_prepared_weights_bytes(pw) > 0, "prepared bytes");
+  CHECK(mxmoe_context_step_backend(maker, "prepare.quantize_w1_col") != NULL, "prepare steps in the report");
+  mxmoe_context_destroy(maker);
+
+  run_once(ctx, p, fa, &b, pw, y1, dx1, dw1);
+  CHECK(mxmoe_context_step_backend(ctx, "quantize_w1") == NULL &&
+            mxmoe_context_step_backend(ctx, "quantize_w1_col") == NULL,
+        "a prepared forward/backward quantizes no weights");
+  CHECK(memcmp(y0, y1, sizeof y0) == 0, "prepared y differs");
+  CHECK(memcmp(dx0, dx1, sizeof dx0) == 0, "prepared dx differs");
+  CHECK(memcmp(dw0, dw1, sizeof dw0) == 0, "prepared dw1 differs");
+
+  /* Made for another recipe: refused, naming it, y untouched. */
+  mxmoe_problem other = *p;
+  other.recipe = MXMOE_RECIPE_BF16;
+  mxmoe_prepared_weights wrong = NULL;
+  CHECK(mxmoe_prepare_weights(ctx, &other, &fa->w1, &fa->w2, &wrong) == MXMOE_OK, "%s", mxmoe_last_error());
+  CHECK(mxmoe_prepared_weights_bytes(wrong) == 0, "bf16 prepared weights hold nothing");
+  mxmoe_forward_args f = *fa;
+  f.prepared = wrong;
+  memset(f.y.data, 0x5A, sizeof(uint16_t) * T * H);
+  memcpy(y1, f.y.data, sizeof y1);
+  mxmoe_saved saved = NULL;
+  CHECK(mxmoe_forward(ctx, p, &f, &saved) == MXMOE_ERROR_INVALID_ARGUMENT, "mismatched prepared");
+  CHECK(strstr(mxmoe_last_error(), "prepared: was prepared for problem.recipe=bf16") != NULL, "message: %s",
+        mxmoe_last_error());
+  CHECK(saved == NULL && memcmp(f.y.data, y1, sizeof y1) == 0, "nothing written on a mismatch");
+
+  /* A caller built against the header before the field: its struct_size stops before `prepared`,
+   * which is not read (here it holds the mismatched handle). */
+  f.struct_size = offsetof(mxmoe_forward_args, prepared);
+  CHECK(mxmoe_forward(ctx, p, &f, &saved) == MXMOE_OK, "older struct_size: %s", mxmoe_last_error());
+  mxmoe_backward_args ob = b;
+  ob.struct_size = offsetof(mxmoe_backward_args, prepared);
+  ob.prepared = wrong;
+  ob.deferred_wgrad = 0;
+  CHECK(mxmoe_backward(ctx, saved, &ob, NULL) == MXMOE_OK, "older struct_size: %s", mxmoe_last_error());
+  mxmoe_saved_destroy(saved);
+  mxmoe_prepared_weights_destroy(wrong);
+
+  /* Destroyed between a forward that used it and a backward that is not given it; and a handle
+   * outliving every context. */
+  f = *fa;
+  f.prepared = pw;
+  ob = b;
+  ob.deferred_wgrad = 0;
+  CHECK(mxmoe_forward(ctx, p, &f, &saved) == MXMOE_OK, "%s", mxmoe_last_error());
+  mxmoe_prepared_weights_destroy(pw);
+  CHECK(mxmoe_backward(ctx, saved, &ob, NULL) == MXMOE_OK, "%s", mxmoe_last_error());
+  mxmoe_saved_destroy(saved);
+  CHECK(mxmoe_prepare_weights(ctx, p, &fa->w1, &fa->w2, &pw) == MXMOE_OK, "%s", mxmoe_last_error());
+  mxmoe_context_destroy(ctx);
+  CHECK(other_pool.live > 0, "the prepared copies live in the context's memory");
+  mxmoe_prepared_weights_destroy(pw);
+  mxmoe_prepared_weights_destroy(NULL);
+  CHECK(mxmoe_prepared_weights_bytes(NULL) == 0, "bytes of NULL");
+  CHECK(bad_frees == bad_before, "%lld frees with the wrong alloc_user", (long long)(bad_frees - bad_before));
+  CHECK(other_pool.live == 0, "live bytes after every handle is gone: %lld", (long long)other_pool.live);
 }
 
 int main(void) {
@@ -306,6 +413,7 @@ int main(void) {
   }
 
   lifetimes(&p, &fa, &ba, &g);
+  prepared_weights(&p, &fa, &ba, &g);
 
   opt.backend = "no_such_backend";
   mxmoe_context bad = NULL;

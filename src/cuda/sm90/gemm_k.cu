@@ -12,7 +12,7 @@ namespace mxmoe::cuda::sm90 {
 namespace {
 constexpr int kWgradN = 256;
 using Wgrad = KernelConfig<kWgradN, Major::mn, Major::mn, Grouping::k, Epi::wgrad>;
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+constexpr int64_t kStandIn = 256;  // bytes a tensor map over no tokens points at
 }  // namespace
 
 std::string gemm_k_refusal(const KGroupedGemmArgs& a) {
@@ -21,13 +21,9 @@ std::string gemm_k_refusal(const KGroupedGemmArgs& a) {
   if (m % 8 != 0 || n % 8 != 0)
     return "M = " + std::to_string(m) + ", N = " + std::to_string(n) +
            ": both must be multiples of 8 (TMA rows must be 16-byte aligned)";
-  if (!aligned16(a.a.bf16.data) || !aligned16(a.b.bf16.data)) return "an operand's address is not 16-byte aligned (TMA)";
+  if (!tma_aligned(a.a.bf16.data) || !tma_aligned(a.b.bf16.data)) return "an operand's address is not 16-byte aligned (TMA)";
   return {};
 }
-
-namespace {
-constexpr int64_t kStandIn = 256;
-}  // namespace
 
 int64_t gemm_k_workspace_bytes(const KGroupedGemmArgs& a) {
   return group_schedule_bytes(a.offsets.experts(), a.a.bf16.shape[0], 0) + Workspace::aligned(kStandIn);

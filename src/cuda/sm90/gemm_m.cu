@@ -27,7 +27,6 @@ using StoreKMNNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, 
 using GluFwd = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::glu_forward>;
 using GluBwd = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::glu_backward>;
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
@@ -50,7 +49,7 @@ std::string gemm_m_refusal(const detail::MGemmStep& s) {
   const int64_t k = g.a.bf16.shape[1], n = detail::gemm_width(s);
   if (k % 8 != 0) return "K = " + std::to_string(k) + " is not a multiple of 8 (TMA rows must be 16-byte aligned)";
   if (n % 8 != 0) return "N = " + std::to_string(n) + " is not a multiple of 8 (TMA rows must be 16-byte aligned)";
-  if (!aligned16(g.a.bf16.data) || !aligned16(g.b.data.dense.data))
+  if (!tma_aligned(g.a.bf16.data) || !tma_aligned(g.b.data.dense.data))
     return "an operand's address is not 16-byte aligned (TMA)";
   if (s.epilogue == detail::Epilogue::glu_forward && s.out_bf16.data == nullptr)
     return "glu_forward without a BF16 output";
@@ -101,7 +100,6 @@ MPlan plan_gemm_m(const detail::MGemmStep& s, int bn, Workspace& ws, cudaStream_
   const bool glu_bwd = s.epilogue == detail::Epilogue::glu_backward;
 
   MPlan plan;
-  plan.bn = bn;
   KernelParams& p = plan.params;
   p.experts = static_cast<int32_t>(experts);
   p.rows = rows;

@@ -16,7 +16,6 @@ struct MPlan {
   KernelParams params;
   CUtensorMap a{}, b0{}, b1{};  // tokens [T, K]; B_e (a and b rows of W1 for glu_forward)
   int64_t launch_tiles = 0;     // upper bound of the tile (pair) count; 0: nothing to launch
-  int bn = 0;
 };
 
 // The layer's tile width for the step (256, or 128 for glu_backward and narrow outputs).

@@ -9,6 +9,9 @@
 
 namespace mxmoe::cuda::sm90 {
 
+// TMA reads from 16-byte aligned global addresses only.
+inline bool tma_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 // dims: innermost first; strides_bytes: of dims 1..rank-1; box: elements per dim (box[0] * 2 <= 128).
 // Elements outside dims read as zero. Throws mxmoe::Error naming `what` if the driver refuses.
 CUtensorMap make_tensor_map_bf16(const char* what, const void* base, std::initializer_list<uint64_t> dims,

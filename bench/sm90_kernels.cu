@@ -180,8 +180,12 @@ int run(const Shape& sh, bool skew) {
   std::vector<uint8_t> ref;
   measure("fc1_fprop", "layer: glu_forward BN256", 4 * thf, a, ref, m_runner<KernelConfig<256, M::k, M::k, G::m, Epi::glu_forward>>(fc1.gemm_m()));
   measure("fc1_fprop", "glu_forward BN256, CTA pairs", 4 * thf, a, ref, m_runner<KernelConfig<256, M::k, M::k, G::m, Epi::glu_forward, 2>>(fc1.gemm_m()));
+  std::vector<uint8_t> glu_ref = ref;
   ref.clear();
   measure("fc1_fprop", "plain store of C, BN256", 4 * thf, c_store, ref, m_runner<KernelConfig<256, M::k, M::k, G::m, Epi::store>>(fc1_store));
+  detail::MGemmStep fc1_no_c = fc1.gemm_m();  // GLU output only (C not saved): what the C stores cost
+  fc1_no_c.c = {};
+  measure("fc1_fprop", "glu_forward BN256, C not stored", 4 * thf, a, glu_ref, m_runner<KernelConfig<256, M::k, M::k, G::m, Epi::glu_forward>>(fc1_no_c));
 
   const detail::LayerStep fc2 = detail::fc2_fprop(prob, {.a = {.bf16 = tv(a, DType::bf16, {T, F})},
                                                          .w2 = {.data = {.dense = tv(w2, DType::bf16, {E, H, F})}},

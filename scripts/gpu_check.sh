@@ -3,7 +3,7 @@
 # label included), compute-sanitizer memcheck and racecheck over the kernel tests, the main job on
 # its GPU default (dsv3), the benchmark and the torch peer beside it. Logs go to $OUT (or ./out).
 # GoogleTest is not installed there: carry a copy in .deps/gtest (see docs/gpu_machine.md).
-#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|bench]...   (default: all but kernels)
+#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench]...   (default: all but kernels, ncu)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-out}")
@@ -52,6 +52,19 @@ for s in $steps; do
       # beside its variants, same bytes checked.
       timeout 300 $B/mxmoe_sm90_kernels ${KERNELS_ARGS:-dsv3} >"$OUT/kernels.md" 2>&1; rc=$?
       summary "sm90 kernels" "rc=$rc"; cat "$OUT/kernels.md" ;;
+    ncu)
+      # ncu (--set full, source counters) on single launches of the kernel benchmark's GEMMs: NCU_SKIPS
+      # lists launch indices among the grouped_gemm_kernel launches of `mxmoe_sm90_kernels
+      # ${KERNELS_ARGS:-dsv3}` (each variant launches 12 times: dsv3 0 = FC1 GLU, 24 = FC1 plain store,
+      # 36 = FC1 GLU without C, 84 = FC2 dgrad GLU, 108 = FC2 dgrad plain store). Per launch: details page and SASS source page.
+      for skip in ${NCU_SKIPS:-0 24}; do
+        timeout ${NCU_TIMEOUT:-150} ncu -k regex:grouped_gemm_kernel --launch-skip $skip --launch-count 1 --set full \
+          --import-source yes -f -o "$OUT/ncu_$skip" $B/mxmoe_sm90_kernels ${KERNELS_ARGS:-dsv3} >"$OUT/ncu_$skip.log" 2>&1
+        rc=$?; summary "ncu launch $skip" "rc=$rc"
+        ncu -i "$OUT/ncu_$skip.ncu-rep" --page details >"$OUT/ncu_${skip}_details.txt" 2>&1
+        ncu -i "$OUT/ncu_$skip.ncu-rep" --page source --csv --print-source sass >"$OUT/ncu_${skip}_sass.csv" 2>&1
+        grep -E "grouped_gemm|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Issue Slots Busy|No Eligible|Warp Cycles Per Issued" "$OUT/ncu_${skip}_details.txt" | head -12
+      done ;;
     bench)
       # mxmoe bench with no --preset runs every preset but small, balanced and skewed, both recipes
       # (BENCH_ARGS narrows it, e.g. '--preset dsv3'); the torch peer then measures every split of its

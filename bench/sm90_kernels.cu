@@ -207,7 +207,7 @@ int run(const Shape& sh, bool skew) {
   d2_store.gemm.d = tv(da, DType::bf16, {T, F});
   ref.clear();
   measure("fc2_dgrad", "layer: glu_backward BN128", 2 * thf, dc, ref, m_runner<KernelConfig<128, M::k, M::mn, G::m, Epi::glu_backward>>(d2.gemm_m()));
-  measure("fc2_dgrad", "glu_backward BN128, CTA pairs", 2 * thf, dc, ref, m_runner<KernelConfig<128, M::k, M::mn, G::m, Epi::glu_backward, 2>>(d2.gemm_m()));
+  measure("fc2_dgrad", "glu_backward BN256 (3 stages)", 2 * thf, dc, ref, m_runner<KernelConfig<256, M::k, M::mn, G::m, Epi::glu_backward>>(d2.gemm_m()));
   ref.clear();
   measure("fc2_dgrad", "plain store of dA, BN128", 2 * thf, da, ref, m_runner<KernelConfig<128, M::k, M::mn, G::m, Epi::store>>(d2_store));
   measure("fc2_dgrad", "plain store of dA, BN256", 2 * thf, da, ref, m_runner<KernelConfig<256, M::k, M::mn, G::m, Epi::store>>(d2_store));

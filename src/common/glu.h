@@ -22,7 +22,15 @@ MXMOE_HD int64_t glu_b_col(int64_t n, int64_t ffn, GluLayout layout) {
 
 MXMOE_HD float glu_sigmoid(float x) {
 #if defined(__CUDA_ARCH__)
-  return 1.0f / (1.0f + __expf(-x));
+  // ex2.approx and rcp.approx (one MUFU op each). An IEEE 1/y is a called SASS subroutine of about
+  // 20 instructions: in the sm90 epilogues, which evaluate this 64 times per thread per tile, it
+  // made the code too long for the instruction cache. 1 + e >= 1, so ftz changes nothing; e = inf
+  // gives 0.
+  // exp(-x) = 2^(-x log2 e) as __expf computes it, with ftz: a subnormal 2^y only ever meets 1 + .
+  float e, r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x * -1.4426950408889634f));
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
+  return r;
 #else
   return 1.0f / (1.0f + std::exp(-x));
 #endif
@@ -33,9 +41,12 @@ struct GluParams {
   ClampedSwiglu clamp{};
 };
 
-// Unscaled activation value act(a, b); the layer output is p * act.
+// Unscaled activation value act(a, b); the layer output is p * act. The templates fix the
+// activation at compile time (kernels dispatch once per tile rather than per value); the plain
+// functions choose at run time.
+template <Activation kAct>
 MXMOE_HD float glu_forward(float a, float b, const GluParams& g) {
-  if (g.activation == Activation::swiglu) return a * glu_sigmoid(a) * b;
+  if constexpr (kAct == Activation::swiglu) return a * glu_sigmoid(a) * b;
   const float L = g.clamp.limit;
   const float ac = a < L ? a : L;                      // min(a, L); no lower clamp
   const float bc = b < -L ? -L : (b > L ? L : b);      // clamp(b, -L, L)
@@ -49,10 +60,11 @@ struct GluGrad {
 };
 
 // g = dL/dh (h = p * act); returns dL/da, dL/db for the scaled activation and act itself.
+template <Activation kAct>
 MXMOE_HD GluGrad glu_backward(float a, float b, float g, float p, const GluParams& gp) {
   GluGrad r;
   const float gs = g * p;
-  if (gp.activation == Activation::swiglu) {
+  if constexpr (kAct == Activation::swiglu) {
     const float s = glu_sigmoid(a);
     r.act = a * s * b;
     r.da = gs * b * s * (1.0f + a * (1.0f - s));
@@ -68,6 +80,15 @@ MXMOE_HD GluGrad glu_backward(float a, float b, float g, float p, const GluParam
   r.da = a <= L ? gs * lin * (s + alpha * ac * s * (1.0f - s)) : 0.0f;  // inclusive masks
   r.db = (b >= -L && b <= L) ? gs * ac * s : 0.0f;
   return r;
+}
+
+MXMOE_HD float glu_forward(float a, float b, const GluParams& g) {
+  return g.activation == Activation::swiglu ? glu_forward<Activation::swiglu>(a, b, g)
+                                            : glu_forward<Activation::clamped_swiglu>(a, b, g);
+}
+MXMOE_HD GluGrad glu_backward(float a, float b, float g, float p, const GluParams& gp) {
+  return gp.activation == Activation::swiglu ? glu_backward<Activation::swiglu>(a, b, g, p, gp)
+                                             : glu_backward<Activation::clamped_swiglu>(a, b, g, p, gp);
 }
 
 }  // namespace mxmoe

@@ -1,8 +1,11 @@
 // Epilogues of the sm90 grouped GEMM kernel: what happens to a consumer warp group's (64, BN) fp32
 // accumulator. Fragment layout of wgmma m64nNk16 (per warp group, thread t = 32 w + l):
 //   acc[4j + 2h + i] is row 16w + l/4 + 8h, column 8j + 2(l%4) + i     (j < N/8, h, i in {0, 1})
-// so a thread owns 2 rows and pairs of adjacent columns; stores are 4-byte (bf16x2) or 8-byte
-// (f32x2) wide. Semantics as docs/numerics.md and the portable epilogues (same formulas, from
+// so a thread owns 2 rows and pairs of adjacent columns. Outputs (store, wgrad, glu_forward) go
+// through shared memory: each warp group writes its fragments into its own 64-row staging block and
+// copies the block out in whole 16-byte chunks, 16 lanes to a 256-byte row piece (the fragment layout
+// written straight to global memory stores 16 bytes per row per 4 lanes, half-sector writes; ncu
+// counted 48% excess sectors). glu_backward still stores from registers. Semantics as docs/numerics.md and the portable epilogues (same formulas, from
 // src/common/glu.h); only the fp32 summation order of partial sums differs between backends.
 #pragma once
 #include "mxmoe/numerics.h"
@@ -16,241 +19,443 @@ struct Frag {
   int warp, lane;
 };
 
+// One cvt (F2FP) per pair, round to nearest even like bf16_from_f32; a NaN becomes the canonical
+// bf16 NaN (bf16_from_f32 keeps sign and payload bits). The integer rounding of bf16_from_f32 took
+// about 8 instructions per value, a large part of the epilogues' length.
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  return static_cast<uint32_t>(bf16_from_f32(lo)) | (static_cast<uint32_t>(bf16_from_f32(hi)) << 16);
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
 }
 __device__ __forceinline__ float bf16_lo(uint32_t v) { return f32_from_bf16(static_cast<uint16_t>(v & 0xFFFF)); }
 __device__ __forceinline__ float bf16_hi(uint32_t v) { return f32_from_bf16(static_cast<uint16_t>(v >> 16)); }
 
-// D[t, n] = acc (+ bias_e[n] or p_t * bias_e[n]) for the tile's rows inside the group.
-// NOTE: every load of an epilogue is issued before its first store. Loads after a store through a
-// pointer that may alias must wait for it; interleaved, each thread's 32-64 loads ran one round trip
-// at a time (measured: the FC2-dgrad epilogue took longer than its 7168-deep mainloop).
-template <int BN, bool kBias>
-__device__ __forceinline__ void epilogue_store_impl(const KernelParams& p, const Tile& t, int cw, int ctid,
-                                                    const float (&acc)[BN / 2]) {
-  const Frag fr{(ctid % 128) / 32, ctid % 32};
-  const int64_t n0 = static_cast<int64_t>(t.n_tile) * BN;
-  // The bias is read inside the loop: held for all columns it would not fit in the 168 registers
-  // (ptxas spilled); it is a small read-only row that stays in L1.
-  const uint16_t* bias = kBias ? p.bias + static_cast<int64_t>(t.expert) * p.n : nullptr;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t row = t.row0 + 64 * cw + fr.row(h);
-    if (row >= t.row_end) continue;
-    const float scale = (kBias && p.bias_by_probs && p.probs != nullptr) ? __ldg(p.probs + row) : 1.0f;
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-      const int64_t col = n0 + Frag::col(j, fr.lane);
-      if (col >= p.n) continue;
-      float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-      if constexpr (kBias) {
-        const uint32_t b = __ldg(reinterpret_cast<const unsigned int*>(bias + col));
-        v0 += scale * bf16_lo(b), v1 += scale * bf16_hi(b);
+// ---- staged output -------------------------------------------------------------------------
+// Per consumer warp group: 64 rows x 256 bytes (128 bf16 or 64 f32 columns of one pass), 16-byte
+// chunks XOR-swizzled by row % 8 so that the fragment writes (8 rows x 16 bytes per instruction) and
+// the row-contiguous chunk reads are both free of bank conflicts.
+inline constexpr int kOutRowBytes = 256;
+inline constexpr int kOutStageBytes = 64 * kOutRowBytes;  // per consumer warp group
+
+__device__ __forceinline__ uint32_t stage_off(int r, int byte_col) {
+  return static_cast<uint32_t>(r * kOutRowBytes + ((((byte_col >> 4) ^ (r & 7))) << 4) + (byte_col & 15));
+}
+// Barriers 3 and 4: one per consumer warp group (1: k-grouped tail zeroing, 2: glu_backward sums).
+__device__ __forceinline__ void wg_sync(int cw) { named_barrier_sync(3 + cw, 128); }
+
+// The stage is addressed through 32-bit shared-window addresses (generic 64-bit pointers cost two
+// registers each and made ptxas spill next to the accumulators).
+using Stage = uint32_t;
+__device__ __forceinline__ Stage stage_of(const uint8_t* p) { return static_cast<Stage>(__cvta_generic_to_shared(p)); }
+
+// Fragment j (pass-relative jj) of row h into the stage: a bf16 pair, or an f32 pair.
+__device__ __forceinline__ void stage_pair(Stage st, const Frag& fr, int h, int jj, uint32_t bf16x2) {
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(st + stage_off(fr.row(h), (8 * jj + 2 * (fr.lane % 4)) * 2)), "r"(bf16x2)
+               : "memory");
+}
+__device__ __forceinline__ void stage_pair(Stage st, const Frag& fr, int h, int jj, float v0, float v1) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(st + stage_off(fr.row(h), (8 * jj + 2 * (fr.lane % 4)) * 4)),
+               "f"(v0), "f"(v1)
+               : "memory");
+}
+
+// Where a staged block goes (or comes from): chunk c of staged row r at base + r * ld +
+// (c / group) * gstride + (c % group) * 16 (group 16: one contiguous 256-byte piece; group 8: two
+// 128-byte pieces, e.g. the a and b columns of C in the halves layout). Rows >= rows are skipped, and
+// in each group the bytes from valid_bytes on.
+struct OutBlock {
+  char* base;
+  int64_t ld;
+  int rows;
+  int valid_bytes;  // per group, a multiple of 4
+  int group = 16;
+  int64_t gstride = 256;
+};
+
+__device__ __forceinline__ int stage_rows(int64_t first, int64_t end) {
+  const int64_t r = end - first;
+  return r <= 0 ? 0 : (r >= 64 ? 64 : static_cast<int>(r));
+}
+__device__ __forceinline__ int stage_bytes(int64_t first_col, int64_t end_col, int elem) {
+  const int64_t c = end_col - first_col;
+  return c <= 0 ? 0 : (c * elem >= kOutRowBytes ? kOutRowBytes : static_cast<int>(c * elem));
+}
+
+// Copies the stage out (all 128 threads of the warp group, wtid = 0..127), 16-byte chunks where the
+// destination allows (the base and the row pitch 16-byte aligned and the chunk inside valid_bytes),
+// 4-byte words otherwise. kAddF32: D += stage (f32), the old values of each row read before its
+// stores. Ends with the warp group's barrier (the stage is free again).
+template <bool kAddF32 = false>
+__device__ __forceinline__ void copy_out(Stage st, const OutBlock& o, int wtid, int cw) {
+  wg_sync(cw);  // the stage is complete
+  const bool vec = ((reinterpret_cast<uintptr_t>(o.base) | static_cast<uintptr_t>(o.ld | o.gstride)) & 15) == 0;
+  const int c = wtid % 16;
+  const int64_t col = (c / o.group) * o.gstride + (c % o.group) * 16;
+  const int in_group = (c % o.group) * 16;
+#pragma unroll 1
+  for (int r = wtid / 16; r < o.rows; r += 8) {
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(st + stage_off(r, 16 * c))
+                 : "memory");
+    char* dst = o.base + r * o.ld + col;
+    if (vec && in_group + 16 <= o.valid_bytes) {
+      uint4 w = v;
+      if constexpr (kAddF32) {
+        const float4 old = *reinterpret_cast<const float4*>(dst);
+        w = make_uint4(__float_as_uint(__uint_as_float(v.x) + old.x), __float_as_uint(__uint_as_float(v.y) + old.y),
+                       __float_as_uint(__uint_as_float(v.z) + old.z), __float_as_uint(__uint_as_float(v.w) + old.w));
       }
-      if (p.d_f32)
-        *reinterpret_cast<float2*>(static_cast<float*>(p.d) + row * p.n + col) = make_float2(v0, v1);
-      else
-        *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.d) + row * p.n + col) = pack_bf16x2(v0, v1);
+      *reinterpret_cast<uint4*>(dst) = w;
+    } else {
+      const uint32_t word[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if (in_group + 4 * i >= o.valid_bytes) break;
+        uint32_t w = word[i];
+        if constexpr (kAddF32) w = __float_as_uint(__uint_as_float(w) + *reinterpret_cast<const float*>(dst + 4 * i));
+        *reinterpret_cast<uint32_t*>(dst + 4 * i) = w;
+      }
     }
+  }
+  wg_sync(cw);  // every chunk read: the stage may be written again
+}
+
+// D[t, n] = acc (+ bias_e[n] or p_t * bias_e[n]) for the tile's rows inside the group; passes of
+// 128 bf16 or 64 f32 columns.
+template <int BN, bool kBias, bool kF32>
+__device__ __forceinline__ void epilogue_store_impl(const KernelParams& p, const Tile& t, int cw, int ctid,
+                                                    const float (&acc)[BN / 2], Stage st) {
+  const Frag fr{(ctid % 128) / 32, ctid % 32};
+  constexpr int kElem = kF32 ? 4 : 2, kPassJ = kOutRowBytes / kElem / 8;  // fragments per pass
+  const int64_t n0 = static_cast<int64_t>(t.n_tile) * BN;
+  const int64_t row_first = t.row0 + 64 * cw;
+  // The bias is read in the loop: held for all columns it would not fit next to the accumulators;
+  // a small read-only row that stays in L1.
+  const uint16_t* bias = kBias ? p.bias + static_cast<int64_t>(t.expert) * p.n + n0 + 2 * (fr.lane % 4) : nullptr;
+  float scale[2] = {1.0f, 1.0f};
+  if constexpr (kBias) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = row_first + fr.row(h);
+      if (p.bias_by_probs && p.probs != nullptr && row < t.row_end) scale[h] = __ldg(p.probs + row);
+    }
+  }
+  const int rows = stage_rows(row_first, t.row_end);
+#pragma unroll
+  for (int j0 = 0; j0 < BN / 8; j0 += kPassJ) {
+#pragma unroll
+    for (int jj = 0; jj < kPassJ; ++jj) {
+      const int j = j0 + jj;
+      float bl = 0.0f, bh = 0.0f;
+      if constexpr (kBias) {
+        const uint32_t b = n0 + 8 * j + 2 * (fr.lane % 4) < p.n ? __ldg(reinterpret_cast<const unsigned int*>(bias + 8 * j)) : 0u;
+        bl = bf16_lo(b), bh = bf16_hi(b);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float v0 = acc[4 * j + 2 * h] + scale[h] * bl, v1 = acc[4 * j + 2 * h + 1] + scale[h] * bh;
+        if constexpr (kF32) stage_pair(st, fr, h, jj, v0, v1);
+        else stage_pair(st, fr, h, jj, pack_bf16x2(v0, v1));
+      }
+    }
+    const int64_t col0 = n0 + 8 * j0;
+    copy_out(st, {static_cast<char*>(p.d) + (row_first * p.n + col0) * kElem, p.n * kElem, rows,
+                  stage_bytes(col0, p.n, kElem)}, ctid % 128, cw);
   }
 }
 
 template <int BN>
 __device__ __forceinline__ void epilogue_store(const KernelParams& p, const Tile& t, int cw, int ctid,
-                                               const float (&acc)[BN / 2]) {
-  if (p.bias != nullptr) epilogue_store_impl<BN, true>(p, t, cw, ctid, acc);
-  else epilogue_store_impl<BN, false>(p, t, cw, ctid, acc);
+                                               const float (&acc)[BN / 2], Stage st) {
+  if (p.bias != nullptr) {
+    if (p.d_f32) epilogue_store_impl<BN, true, true>(p, t, cw, ctid, acc, st);
+    else epilogue_store_impl<BN, true, false>(p, t, cw, ctid, acc, st);
+  } else {
+    if (p.d_f32) epilogue_store_impl<BN, false, true>(p, t, cw, ctid, acc, st);
+    else epilogue_store_impl<BN, false, false>(p, t, cw, ctid, acc, st);
+  }
 }
 
 // D_e[m, n] = acc (+ D_e[m, n] when accumulating into fp32). An empty group writes zeros, or leaves
 // D_e untouched when accumulating.
+template <int BN, bool kF32, bool kAdd>
+__device__ __forceinline__ void epilogue_wgrad_impl(const KernelParams& p, const Tile& t, int cw, int ctid,
+                                                    const float (&acc)[BN / 2], Stage st) {
+  const Frag fr{(ctid % 128) / 32, ctid % 32};
+  constexpr int kElem = kF32 ? 4 : 2, kPassJ = kOutRowBytes / kElem / 8;
+  const int64_t n0 = static_cast<int64_t>(t.n_tile) * BN;
+  const int64_t row_first = t.row0 + 64 * cw;
+  char* d = static_cast<char*>(p.d_experts.at<void>(t.expert));
+  const int rows = stage_rows(row_first, p.m);
+#pragma unroll
+  for (int j0 = 0; j0 < BN / 8; j0 += kPassJ) {
+#pragma unroll
+    for (int jj = 0; jj < kPassJ; ++jj)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float v0 = acc[4 * (j0 + jj) + 2 * h], v1 = acc[4 * (j0 + jj) + 2 * h + 1];
+        if constexpr (kF32) stage_pair(st, fr, h, jj, v0, v1);
+        else stage_pair(st, fr, h, jj, pack_bf16x2(v0, v1));
+      }
+    const int64_t col0 = n0 + 8 * j0;
+    copy_out<kAdd>(st, {d + (row_first * p.n + col0) * kElem, p.n * kElem, rows, stage_bytes(col0, p.n, kElem)},
+                   ctid % 128, cw);
+  }
+}
+
 template <int BN>
 __device__ __forceinline__ void epilogue_wgrad(const KernelParams& p, const Tile& t, int cw, int ctid,
-                                               const float (&acc)[BN / 2]) {
+                                               const float (&acc)[BN / 2], Stage st) {
   if (t.k_blocks == 0 && p.accumulate) return;
-  const Frag fr{(ctid % 128) / 32, ctid % 32};
-  const int64_t n0 = static_cast<int64_t>(t.n_tile) * BN;
-  void* d = p.d_experts.at<void>(t.expert);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t row = t.row0 + 64 * cw + fr.row(h);
-    if (row >= p.m) continue;
-    if (p.d_f32) {
-      float* drow = static_cast<float*>(d) + row * p.n;
-      // The main grad's values, read kChunk fragments at a time before their stores (all at once
-      // would not fit the register budget next to the accumulators).
-      constexpr int kChunk = 8;
-#pragma unroll
-      for (int j0 = 0; j0 < BN / 8; j0 += kChunk) {
-        float2 old[kChunk];  // (j - j0)
-#pragma unroll
-        for (int j = j0; j < j0 + kChunk; ++j) {
-          const int64_t col = n0 + Frag::col(j, fr.lane);
-          old[j - j0] =
-              (p.accumulate && col < p.n) ? *reinterpret_cast<const float2*>(drow + col) : make_float2(0.f, 0.f);
-        }
-#pragma unroll
-        for (int j = j0; j < j0 + kChunk; ++j) {
-          const int64_t col = n0 + Frag::col(j, fr.lane);
-          if (col < p.n)
-            *reinterpret_cast<float2*>(drow + col) =
-                make_float2(old[j - j0].x + acc[4 * j + 2 * h], old[j - j0].y + acc[4 * j + 2 * h + 1]);
-        }
-      }
+  if (!p.d_f32) epilogue_wgrad_impl<BN, false, false>(p, t, cw, ctid, acc, st);
+  else if (p.accumulate) epilogue_wgrad_impl<BN, true, true>(p, t, cw, ctid, acc, st);
+  else epilogue_wgrad_impl<BN, true, false>(p, t, cw, ctid, acc, st);
+}
+
+// ---- GLU epilogues: C (and dC) in passes of 64 features ------------------------------------------
+// A pass stages the 128 columns of C that hold a and b of 64 features, in C's own column order:
+// halves [a f..f+63 | b f..f+63] (two 128-byte pieces, F columns apart), interleave32 [a b a b] (32
+// columns each, one contiguous 256-byte piece). kGluPass fragments (jj) of one pass.
+inline constexpr int kGluPassFeatures = 64, kGluPassJ = kGluPassFeatures / 8;
+
+__device__ __forceinline__ OutBlock glu_pass_block(char* c_row_first, int64_t fq, int64_t F, int rows, GluLayout layout) {
+  const int64_t v = F - fq <= 0 ? 0 : (F - fq >= kGluPassFeatures ? kGluPassFeatures : F - fq);
+  if (layout == GluLayout::halves)
+    return {c_row_first + fq * 2, 4 * F, rows, static_cast<int>(2 * v), 8, 2 * F};
+  return {c_row_first + 4 * fq, 4 * F, rows, static_cast<int>(4 * v), 16, 256};  // v: a multiple of 32
+}
+// Byte columns of feature 8 jj + 2 (lane % 4) (+1: the pair) of a pass: a, and b = a + b_delta.
+struct GluPassCols {
+  __device__ GluPassCols(GluLayout layout, int lane)
+      : halves(layout == GluLayout::halves), lane_bytes(4 * (lane % 4)), b_delta(halves ? 128 : 64) {}
+  __device__ int a(int jj) const { return (halves ? 16 * jj : 128 * (jj / 4) + 16 * (jj % 4)) + lane_bytes; }
+  __device__ int b(int jj) const { return a(jj) + b_delta; }
+  bool halves;
+  int lane_bytes, b_delta;
+};
+
+__device__ __forceinline__ void stage_word(Stage st, int r, int byte_col, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(st + stage_off(r, byte_col)), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t stage_word(Stage st, int r, int byte_col) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(st + stage_off(r, byte_col)) : "memory");
+  return v;
+}
+
+// Stage <- global (the mirror of copy_out, cp.async 16-byte chunks, no registers held); chunks it
+// skips (rows >= rows, bytes past valid_bytes) keep stale values, which the caller masks. Ends with
+// the warp group's barrier (the stage is complete).
+__device__ __forceinline__ void copy_in(Stage st, const OutBlock& o, int wtid, int cw) {
+  const bool vec = ((reinterpret_cast<uintptr_t>(o.base) | static_cast<uintptr_t>(o.ld | o.gstride)) & 15) == 0;
+  const int c = wtid % 16;
+  const int64_t col = (c / o.group) * o.gstride + (c % o.group) * 16;
+  const int in_group = (c % o.group) * 16;
+#pragma unroll 1
+  for (int r = wtid / 16; r < o.rows; r += 8) {
+    const char* src = o.base + r * o.ld + col;
+    if (vec && in_group + 16 <= o.valid_bytes) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(st + stage_off(r, 16 * c)), "l"(src) : "memory");
     } else {
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const int64_t col = n0 + Frag::col(j, fr.lane);
-        if (col < p.n)
-          *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(d) + row * p.n + col) =
-              pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-      }
+      for (int i = 0; i < 4; ++i)
+        if (in_group + 4 * i < o.valid_bytes)
+          stage_word(st, r, 16 * c + 4 * i, __ldg(reinterpret_cast<const unsigned int*>(src + 4 * i)));
     }
   }
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+  wg_sync(cw);
 }
 
 // FC1: the tile's GEMM columns are the a-columns of features f0..f0+BN/2-1 followed by their
-// b-columns (the producer loads B_e rows in that order), so acc column c and c + BN/2 are a and b
-// of the same feature, in the same thread (fragment j and j + BN/16).
-template <int BN>
-__device__ __forceinline__ void epilogue_glu_forward(const KernelParams& p, const Tile& t, int cw, int ctid,
-                                                     const float (&acc)[BN / 2]) {
+// b-columns (the producer loads B_e rows in that order), so acc fragment j and j + BN/16 are a and b
+// of the same feature, in the same thread. Passes: C (when saved), 64 features each; then A = p * act
+// for the tile's 128 features.
+// NOTE: the epilogue is unrolled over the accumulator registers, so its length is paid in
+// instruction-cache misses (ncu: stall_no_inst was half the epilogue's samples when it was 146 KB
+// of SASS): activation and bias are template parameters (one branch per tile, not per value),
+// conversions are single instructions.
+template <int BN, Activation kAct, bool kBias>
+__device__ __forceinline__ void epilogue_glu_forward_impl(const KernelParams& p, const Tile& t, int cw, int ctid,
+                                                          const float (&acc)[BN / 2], Stage st) {
+  static_assert(BN == 256, "A's pass: BN/2 = 128 features = 256 bytes of bf16");
   const Frag fr{(ctid % 128) / 32, ctid % 32};
   const int64_t F = p.ffn, C = 2 * F;
   const int64_t f0 = static_cast<int64_t>(t.n_tile) * (BN / 2);
-  const uint16_t* bias = p.bias != nullptr ? p.bias + static_cast<int64_t>(t.expert) * C : nullptr;
-  uint32_t bias_a[BN / 16], bias_b[BN / 16];  // (j): bf16 pairs of b1 at the a and b columns
+  const int64_t row_first = t.row0 + 64 * cw;
+  const int rows = stage_rows(row_first, t.row_end);
+  const GluPassCols pc(p.glu_layout, fr.lane);
+  const uint16_t* bias = kBias ? p.bias + static_cast<int64_t>(t.expert) * C : nullptr;
+  // a + b1 (b_half: b + b1) of fragment j, row h, element i: what C holds and act reads (fp32).
+  auto pre = [&](int j, int h, int i, bool b_half) {
+    float v = acc[4 * (j + (b_half ? BN / 16 : 0)) + 2 * h + i];
+    if constexpr (kBias) {
+      const int64_t f = f0 + 8 * j + 2 * (fr.lane % 4);
+      const uint32_t w = f < F ? __ldg(reinterpret_cast<const unsigned int*>(
+                                     bias + (b_half ? glu_b_col(f, F, p.glu_layout) : glu_a_col(f, F, p.glu_layout))))
+                               : 0u;
+      v += i == 0 ? bf16_lo(w) : bf16_hi(w);
+    }
+    return v;
+  };
+  if (p.c_out != nullptr) {
+    char* c_rows = reinterpret_cast<char*>(p.c_out + row_first * C);
 #pragma unroll
-  for (int j = 0; j < BN / 16; ++j) {
-    const int64_t f = f0 + Frag::col(j, fr.lane);
-    const bool live = bias != nullptr && f < F;
-    bias_a[j] = live ? __ldg(reinterpret_cast<const unsigned int*>(bias + glu_a_col(f, F, p.glu_layout))) : 0u;
-    bias_b[j] = live ? __ldg(reinterpret_cast<const unsigned int*>(bias + glu_b_col(f, F, p.glu_layout))) : 0u;
+    for (int q = 0; q < BN / 2 / kGluPassFeatures; ++q) {
+#pragma unroll
+      for (int jj = 0; jj < kGluPassJ; ++jj)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int j = q * kGluPassJ + jj;
+          stage_word(st, fr.row(h), pc.a(jj), pack_bf16x2(pre(j, h, 0, false), pre(j, h, 1, false)));
+          stage_word(st, fr.row(h), pc.b(jj), pack_bf16x2(pre(j, h, 0, true), pre(j, h, 1, true)));
+        }
+      copy_out(st, glu_pass_block(c_rows, f0 + q * kGluPassFeatures, F, rows, p.glu_layout), ctid % 128, cw);
+    }
   }
-  int64_t rows[2];
   float prob[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    rows[h] = t.row0 + 64 * cw + fr.row(h);
-    prob[h] = (rows[h] < t.row_end && p.probs != nullptr) ? __ldg(p.probs + rows[h]) : 1.0f;
+    const int64_t row = row_first + fr.row(h);
+    prob[h] = p.probs != nullptr && row < t.row_end ? __ldg(p.probs + row) : 1.0f;
   }
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t row = rows[h];
-    if (row >= t.row_end) continue;
+  for (int j = 0; j < BN / 16; ++j)
 #pragma unroll
-    for (int j = 0; j < BN / 16; ++j) {
-      const int64_t f = f0 + Frag::col(j, fr.lane);
-      if (f >= F) continue;
-      const int64_t ca = glu_a_col(f, F, p.glu_layout), cb = glu_b_col(f, F, p.glu_layout);
-      const float a0 = acc[4 * j + 2 * h] + bf16_lo(bias_a[j]), a1 = acc[4 * j + 2 * h + 1] + bf16_hi(bias_a[j]);
-      const float b0 = acc[4 * (j + BN / 16) + 2 * h] + bf16_lo(bias_b[j]);
-      const float b1 = acc[4 * (j + BN / 16) + 2 * h + 1] + bf16_hi(bias_b[j]);
-      if (p.c_out != nullptr) {
-        *reinterpret_cast<uint32_t*>(p.c_out + row * C + ca) = pack_bf16x2(a0, a1);
-        *reinterpret_cast<uint32_t*>(p.c_out + row * C + cb) = pack_bf16x2(b0, b1);
-      }
-      *reinterpret_cast<uint32_t*>(p.out_bf16 + row * F + f) =
-          pack_bf16x2(prob[h] * glu_forward(a0, b0, p.glu), prob[h] * glu_forward(a1, b1, p.glu));
-    }
+    for (int h = 0; h < 2; ++h)
+      stage_pair(st, fr, h, j,
+                 pack_bf16x2(prob[h] * glu_forward<kAct>(pre(j, h, 0, false), pre(j, h, 0, true), p.glu),
+                             prob[h] * glu_forward<kAct>(pre(j, h, 1, false), pre(j, h, 1, true), p.glu)));
+  copy_out(st, {reinterpret_cast<char*>(p.out_bf16 + row_first * F + f0), F * 2, rows, stage_bytes(f0, F, 2)},
+           ctid % 128, cw);
+}
+
+template <int BN>
+__device__ __forceinline__ void epilogue_glu_forward(const KernelParams& p, const Tile& t, int cw, int ctid,
+                                                     const float (&acc)[BN / 2], Stage st) {
+  constexpr Activation kSwiglu = Activation::swiglu, kClamped = Activation::clamped_swiglu;
+  if (p.glu.activation == kSwiglu) {
+    if (p.bias != nullptr) epilogue_glu_forward_impl<BN, kSwiglu, true>(p, t, cw, ctid, acc, st);
+    else epilogue_glu_forward_impl<BN, kSwiglu, false>(p, t, cw, ctid, acc, st);
+  } else {
+    if (p.bias != nullptr) epilogue_glu_forward_impl<BN, kClamped, true>(p, t, cw, ctid, acc, st);
+    else epilogue_glu_forward_impl<BN, kClamped, false>(p, t, cw, ctid, acc, st);
   }
 }
 
-// FC2 dgrad: g = acc = dA for features n0..n0+BN-1. With a, b from the saved C (bf16):
-//   dC -> bf16 [T, 2F]; dprob partial (sum over the tile's features of g * act) -> ws_dprob[n_tile, t];
+// FC2 dgrad: g = acc = dA for features n0..n0+BN-1. Per pass of 64 features: the saved C (bf16) is
+// staged, dC replaces it in place (each thread rewrites the words it read) and is copied out;
+//   dprob partial (sum over the tile's features of g * act) -> ws_dprob[n_tile, t];
 //   db1 partial (sum over the tile's rows of fp32 dC) -> ws_db1[m_tile, column].
-// Both partials use a fixed order (quad shuffles; lane-bit shuffles, then warps by index).
-template <int BN>
-__device__ __forceinline__ void epilogue_glu_backward(const KernelParams& p, const Tile& t, int cw, int ctid,
-                                                      const float (&acc)[BN / 2], float* smem_cols) {
+// Both partials use a fixed order (row pairs, quad shuffles; lane-bit shuffles, then warps by index).
+// col_sums: 8 warps x 128 floats (a then b of the pass's 64 features).
+template <int BN, Activation kAct>
+__device__ __forceinline__ void epilogue_glu_backward_impl(const KernelParams& p, const Tile& t, int cw, int ctid,
+                                                           const float (&acc)[BN / 2], float* col_sums, Stage st) {
+  static_assert(BN % kGluPassFeatures == 0, "whole passes");
   const Frag fr{(ctid % 128) / 32, ctid % 32};
   const int64_t F = p.ffn, C = 2 * F;
   const int64_t n0 = static_cast<int64_t>(t.n_tile) * BN;
+  const int64_t row_first = t.row0 + 64 * cw;
+  const int rows = stage_rows(row_first, t.row_end);
+  const GluPassCols pc(p.glu_layout, fr.lane);
   const bool want_db1 = p.ws_db1 != nullptr;
-  float col_a[BN / 4], col_b[BN / 4];  // (j, i): this thread's column sums over its rows
-#pragma unroll
-  for (int c = 0; c < BN / 4; ++c) col_a[c] = 0.0f, col_b[c] = 0.0f;
+  const int gw = cw * 4 + fr.warp;  // consumer warp 0..7 (row order)
+  bool live[2];
+  float prob[2], row_sum[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int64_t row = t.row0 + 64 * cw + fr.row(h);
-    const bool live = row < t.row_end;
-    float row_sum = 0.0f;
-    if (live) {
-      const float prob = p.probs != nullptr ? __ldg(p.probs + row) : 1.0f;
-      uint32_t c_a[BN / 8], c_b[BN / 8];  // (j): the saved C pairs, all loaded before the first store
+    live[h] = fr.row(h) < rows;
+    prob[h] = p.probs != nullptr && live[h] ? __ldg(p.probs + row_first + fr.row(h)) : 1.0f;
+  }
+  char* c_rows = const_cast<char*>(reinterpret_cast<const char*>(p.c_in + row_first * C));
+  char* dc_rows = reinterpret_cast<char*>(p.out_bf16 + row_first * C);
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const int64_t f = n0 + Frag::col(j, fr.lane);
-        const bool in = f < F;
-        c_a[j] = in ? __ldg(reinterpret_cast<const unsigned int*>(p.c_in + row * C + glu_a_col(f, F, p.glu_layout))) : 0u;
-        c_b[j] = in ? __ldg(reinterpret_cast<const unsigned int*>(p.c_in + row * C + glu_b_col(f, F, p.glu_layout))) : 0u;
-      }
+  for (int q = 0; q < BN / kGluPassFeatures; ++q) {
+    const int64_t fq = n0 + q * kGluPassFeatures;
+    copy_in(st, glu_pass_block(c_rows, fq, F, rows, p.glu_layout), ctid % 128, cw);
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const int64_t f = n0 + Frag::col(j, fr.lane);
-        if (f >= F) continue;
-        const int64_t ca = glu_a_col(f, F, p.glu_layout), cb = glu_b_col(f, F, p.glu_layout);
-        const uint32_t av = c_a[j], bv = c_b[j];
+    for (int jj = 0; jj < kGluPassJ; ++jj) {
+      const int j = q * kGluPassJ + jj;
+      const bool in = fq + 8 * jj + 2 * (fr.lane % 4) < F;  // F is even: pairs are whole
+      float sa[2] = {0.0f, 0.0f}, sb[2] = {0.0f, 0.0f};       // (i): this thread's two rows
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (!(in && live[h])) continue;
+        const uint32_t av = stage_word(st, fr.row(h), pc.a(jj)), bv = stage_word(st, fr.row(h), pc.b(jj));
         const float g0 = acc[4 * j + 2 * h], g1 = acc[4 * j + 2 * h + 1];
-        const GluGrad r0 = glu_backward(bf16_lo(av), bf16_lo(bv), g0, prob, p.glu);
-        const GluGrad r1 = glu_backward(bf16_hi(av), bf16_hi(bv), g1, prob, p.glu);
-        row_sum += g0 * r0.act + g1 * r1.act;
-        col_a[2 * j] += r0.da, col_a[2 * j + 1] += r1.da;
-        col_b[2 * j] += r0.db, col_b[2 * j + 1] += r1.db;
-        *reinterpret_cast<uint32_t*>(p.out_bf16 + row * C + ca) = pack_bf16x2(r0.da, r1.da);
-        *reinterpret_cast<uint32_t*>(p.out_bf16 + row * C + cb) = pack_bf16x2(r0.db, r1.db);
+        const GluGrad r0 = glu_backward<kAct>(bf16_lo(av), bf16_lo(bv), g0, prob[h], p.glu);
+        const GluGrad r1 = glu_backward<kAct>(bf16_hi(av), bf16_hi(bv), g1, prob[h], p.glu);
+        row_sum[h] += g0 * r0.act + g1 * r1.act;
+        sa[0] += r0.da, sa[1] += r1.da, sb[0] += r0.db, sb[1] += r1.db;
+        stage_word(st, fr.row(h), pc.a(jj), pack_bf16x2(r0.da, r1.da));
+        stage_word(st, fr.row(h), pc.b(jj), pack_bf16x2(r0.db, r1.db));
+      }
+      if (want_db1) {
+        // Column sums over the warp's 16 rows (lane bits 2-4), in a fixed order.
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int s = 4; s < 32; s *= 2) {
+            sa[i] += __shfl_xor_sync(0xffffffffu, sa[i], s);
+            sb[i] += __shfl_xor_sync(0xffffffffu, sb[i], s);
+          }
+        if (fr.lane < 4) {
+          const int c = 8 * jj + 2 * fr.lane;
+          col_sums[gw * 128 + c] = sa[0], col_sums[gw * 128 + c + 1] = sa[1];
+          col_sums[gw * 128 + 64 + c] = sb[0], col_sums[gw * 128 + 64 + c + 1] = sb[1];
+        }
       }
     }
-    if (p.ws_dprob != nullptr) {
-      row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 1);
-      row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 2);
-      if (live && fr.lane % 4 == 0) p.ws_dprob[static_cast<int64_t>(t.n_tile) * p.rows + row] = row_sum;
-    }
-  }
-  if (!want_db1) return;
-  // Column sums over the warp's 16 rows (lane bits 2-4), then over the 8 consumer warps in order.
-#pragma unroll
-  for (int c = 0; c < BN / 4; ++c) {
-#pragma unroll
-    for (int s = 4; s < 32; s *= 2) {
-      col_a[c] += __shfl_xor_sync(0xffffffffu, col_a[c], s);
-      col_b[c] += __shfl_xor_sync(0xffffffffu, col_b[c], s);
-    }
-  }
-  const int gw = cw * 4 + fr.warp;  // consumer warp 0..7 (row order)
-  if (fr.lane < 4) {
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int c = Frag::col(j, fr.lane) + i;
-        smem_cols[(gw * 2 + 0) * BN + c] = col_a[2 * j + i];
-        smem_cols[(gw * 2 + 1) * BN + c] = col_b[2 * j + i];
+    copy_out(st, glu_pass_block(dc_rows, fq, F, rows, p.glu_layout), ctid % 128, cw);
+    if (want_db1) {
+      named_barrier_sync(2, kConsumerThreads);  // every warp's sums are in
+      if (ctid < 2 * kGluPassFeatures) {
+        const int half = ctid / kGluPassFeatures, c = ctid % kGluPassFeatures;
+        const int64_t f = fq + c;
+        if (f < F) {
+          float sum = 0.0f;
+          for (int w = 0; w < 8; ++w) sum += col_sums[w * 128 + half * 64 + c];
+          const int64_t col = half == 0 ? glu_a_col(f, F, p.glu_layout) : glu_b_col(f, F, p.glu_layout);
+          p.ws_db1[static_cast<int64_t>(t.m_tile) * C + col] = sum;
+        }
       }
-  }
-  named_barrier_sync(2, kConsumerThreads);
-  for (int u = ctid; u < 2 * BN; u += kConsumerThreads) {
-    const int half = u / BN, c = u % BN;
-    const int64_t f = n0 + c;
-    if (f < F) {
-      float s = 0.0f;
-      for (int w = 0; w < 8; ++w) s += smem_cols[(w * 2 + half) * BN + c];
-      const int64_t col = half == 0 ? glu_a_col(f, F, p.glu_layout) : glu_b_col(f, F, p.glu_layout);
-      p.ws_db1[static_cast<int64_t>(t.m_tile) * C + col] = s;
+      named_barrier_sync(2, kConsumerThreads);  // col_sums is reused by the next pass
     }
   }
-  named_barrier_sync(2, kConsumerThreads);  // smem_cols is reused by the next tile
+  if (p.ws_dprob != nullptr) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float v = row_sum[h];
+      v += __shfl_xor_sync(0xffffffffu, v, 1);
+      v += __shfl_xor_sync(0xffffffffu, v, 2);
+      if (live[h] && fr.lane % 4 == 0) p.ws_dprob[static_cast<int64_t>(t.n_tile) * p.rows + row_first + fr.row(h)] = v;
+    }
+  }
 }
 
+template <int BN>
+__device__ __forceinline__ void epilogue_glu_backward(const KernelParams& p, const Tile& t, int cw, int ctid,
+                                                      const float (&acc)[BN / 2], float* col_sums, Stage st) {
+  if (p.glu.activation == Activation::swiglu)
+    epilogue_glu_backward_impl<BN, Activation::swiglu>(p, t, cw, ctid, acc, col_sums, st);
+  else
+    epilogue_glu_backward_impl<BN, Activation::clamped_swiglu>(p, t, cw, ctid, acc, col_sums, st);
+}
+
+// epi: the epilogue's shared memory (kEpiBytes): the two warp groups' stages (kOutStageBytes each),
+// then (glu_backward) the column sums.
 template <class Cfg>
 __device__ __forceinline__ void epilogue(const KernelParams& p, const Tile& t, int cw, int ctid,
-                                         const float (&acc)[Cfg::kBlockN / 2], float* epi_smem) {
+                                         const float (&acc)[Cfg::kBlockN / 2], uint8_t* epi) {
   constexpr int BN = Cfg::kBlockN;
-  if constexpr (Cfg::kEpi == Epi::store) epilogue_store<BN>(p, t, cw, ctid, acc);
-  else if constexpr (Cfg::kEpi == Epi::wgrad) epilogue_wgrad<BN>(p, t, cw, ctid, acc);
-  else if constexpr (Cfg::kEpi == Epi::glu_forward) epilogue_glu_forward<BN>(p, t, cw, ctid, acc);
-  else epilogue_glu_backward<BN>(p, t, cw, ctid, acc, epi_smem);
+  const Stage st = stage_of(epi + cw * kOutStageBytes);
+  if constexpr (Cfg::kEpi == Epi::store) epilogue_store<BN>(p, t, cw, ctid, acc, st);
+  else if constexpr (Cfg::kEpi == Epi::wgrad) epilogue_wgrad<BN>(p, t, cw, ctid, acc, st);
+  else if constexpr (Cfg::kEpi == Epi::glu_forward) epilogue_glu_forward<BN>(p, t, cw, ctid, acc, st);
+  else epilogue_glu_backward<BN>(p, t, cw, ctid, acc, reinterpret_cast<float*>(epi + 2 * kOutStageBytes), st);
 }
 
 }  // namespace mxmoe::cuda::sm90

@@ -38,8 +38,9 @@ struct KernelConfig {
   static constexpr int kStageA = kBlockM * kBlockK * 2;  // (128, 64) K-major or 2 x (64 k, 64 m)
   static constexpr int kStageB = kBlockN * kBlockK * 2;  // (BN, 64) K-major or BN/64 x (64 k, 64 n)
   static constexpr int kStageBytes = kStageA + kStageB;
-  // glu_backward: db1 column partials of the 8 consumer warps, a and b halves.
-  static constexpr int kEpiBytes = E_ == Epi::glu_backward ? 8 * 2 * BN_ * 4 : 0;
+  // A 64-row x 256-byte output stage per consumer warp group (epilogue.cuh); glu_backward adds the
+  // db1 column partials of the 8 consumer warps for one pass (64 features, a and b).
+  static constexpr int kEpiBytes = 2 * 64 * 256 + (E_ == Epi::glu_backward ? 8 * 128 * 4 : 0);
   static constexpr int kReserved = 1024 /*alignment slack*/ + 256 /*barriers*/;
   static constexpr int kStages = (kSmemLimit - kReserved - kEpiBytes) / kStageBytes > 8
                                      ? 8
@@ -256,7 +257,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int BN = Cfg::kBlockN;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  float* epi_smem = reinterpret_cast<float*>(smem + kStages * Cfg::kStageBytes);             // (8, 2, BN)
+  uint8_t* epi_smem = smem + kStages * Cfg::kStageBytes;  // kEpiBytes
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * Cfg::kStageBytes + Cfg::kEpiBytes);  // (stages)
   uint64_t* empty = full + kStages;                                                          // (stages)
   auto stage_a = [&](int s) { return smem + s * Cfg::kStageBytes; };

@@ -17,15 +17,16 @@
 namespace mxmoe::cuda::sm90 {
 namespace {
 
-constexpr int kWideN = 256;    // output tile width of store / glu_forward
-constexpr int kNarrowN = 128;  // glu_backward (more live registers per column), and narrow outputs
+constexpr int kWideN = 256;    // output tile width
+constexpr int kNarrowN = 128;  // narrow outputs (N <= 128)
 
 using StoreKK = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::store>;
 using StoreKMN = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::store>;
 using StoreKKNarrow = KernelConfig<kNarrowN, Major::k, Major::k, Grouping::m, Epi::store>;
 using StoreKMNNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::store>;
 using GluFwd = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::glu_forward>;
-using GluBwd = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::glu_backward>;
+using GluBwd = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::glu_backward>;
+using GluBwdNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::glu_backward>;
 
 
 }  // namespace
@@ -63,7 +64,6 @@ std::string gemm_m_refusal(const detail::MGemmStep& s) {
 
 int default_block_n(const detail::MGemmStep& s) {
   if (s.epilogue == detail::Epilogue::glu_forward) return kWideN;
-  if (s.epilogue == detail::Epilogue::glu_backward) return kNarrowN;
   return detail::gemm_width(s) > kNarrowN ? kWideN : kNarrowN;
 }
 
@@ -187,7 +187,10 @@ void gemm_m(const detail::MGemmStep& s, void* stream_ptr) {
   const bool wide = bn == kWideN;
   switch (s.epilogue) {
     case detail::Epilogue::glu_forward: launch<GluFwd>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream); break;
-    case detail::Epilogue::glu_backward: launch<GluBwd>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream); break;
+    case detail::Epilogue::glu_backward:
+      if (bn == kWideN) launch<GluBwd>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+      else launch<GluBwdNarrow>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+      break;
     case detail::Epilogue::store:
       if (s.gemm.b_kn) {
         if (wide) launch<StoreKMN>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);

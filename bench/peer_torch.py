@@ -357,6 +357,10 @@ def load_mxmoe(paths):
         with open(p) as f:
             d = json.load(f)
         out["device"] = out["device"] or d.get("device")
+        dw = d.get("dw_dtype", "f32")  # files written before the field existed: f32
+        if out.get("dw_dtype", dw) != dw:
+            raise SystemExit(f"peer_torch: {p} has dW in {dw}, an earlier file in {out['dw_dtype']}: compare one at a time")
+        out["dw_dtype"] = dw
         out["rows"].extend(d.get("rows", []))
         for s in d.get("splits", []):
             k = (s["preset"], s["split"])
@@ -457,8 +461,9 @@ def build_markdown(meta, mx, peer_splits, rows):
              f"{meta.get('compile_mode')}, dynamic=False, compiled once per preset, compilation outside the timing.")
     L.append("- ratio = peer ms / mxmoe ms: > 1 means mxmoe is faster. TFLOP/s from 4·T·H·F (FC1 GEMMs), "
              "2·T·H·F (FC2 GEMMs), 6·T·H·F (layer fwd), 18·T·H·F (layer fwd+bwd).")
+    dw = (mx.get("dw_dtype") or "f32").upper()  # JSONs written before the field existed used f32
     L.append("- peer GEMMs: plain BF16 `torch._grouped_mm`, no epilogue, BF16 outputs (mxmoe fuses its epilogues "
-             "and writes FP32 dW). k-grouped GEMMs (and so the peer layer, whose backward has them) need "
+             f"and writes {dw} dW; `mxmoe bench --dw-dtype`). k-grouped GEMMs (and so the peer layer, whose backward has them) need "
              f"{PEER_ROUND}-token groups: every expert is rounded down to a multiple of {PEER_ROUND}, the remainder "
              "given to the largest expert (same T); the m-grouped GEMMs run "
              + ("the same rounded split." if meta.get("m_grouped_offsets") == "rounded16"

@@ -190,6 +190,9 @@ std::optional<int> parse_args(int argc, char** argv, CliOptions& o) {
   enum_option<Recipe>(bench, "--recipe", o.recipe, {{"mxfp8", Recipe::mxfp8}, {"bf16", Recipe::bf16}},
                       "one recipe (default: both)");
   bench->add_flag("--skew", o.skew, "the skewed split only (default: balanced and skewed)");
+  enum_option<DType>(bench, "--dw-dtype", o.dw_dtype, {{"bf16", DType::bf16}, {"f32", DType::f32}},
+                     "type of the weight gradients dW1, dW2 (default bf16, what the peers' autograd returns; f32: an "
+                     "fp32 main grad)");
   add_seed(bench, o);
   add_json(bench, o, "also write the rows and token splits as JSON (bench/peer_torch.py reads it)");
   reject_run_flags(bench,

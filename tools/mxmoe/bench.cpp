@@ -5,7 +5,7 @@
 // every output written once). bench/peer_torch.py measures torch._grouped_mm on the same shapes
 // in the same session and prints ratios against the JSON this writes.
 //
-//   mxmoe bench [--preset NAME] [--recipe mxfp8|bf16] [--skew] [--seed N] [--json FILE]
+//   mxmoe bench [--preset NAME] [--recipe mxfp8|bf16] [--skew] [--dw-dtype bf16|f32] [--seed N] [--json FILE]
 // The problem's sizes are the presets' (bench/peer_torch.py re-times the same shapes): the run
 // flags that change them (--hidden, --tokens, ...) are not bench flags and are rejected.
 #include <nlohmann/json.hpp>
@@ -96,7 +96,7 @@ TensorView dv(const DevBuf& b, DType t, std::initializer_list<int64_t> shape) {
   return TensorView::of(b.p, t, shape, Device{DeviceType::cuda, 0});
 }
 
-void bench_one(const Preset& pr, bool skew, Recipe recipe, uint64_t seed, std::vector<Row>& rows,
+void bench_one(const Preset& pr, bool skew, Recipe recipe, DType dw_dtype, uint64_t seed, std::vector<Row>& rows,
                std::vector<SplitRecord>& splits) {
   using namespace detail;
   Problem p;
@@ -131,7 +131,8 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, uint64_t seed, std::v
   std::vector<int32_t> off(E + 1, 0);
   for (int64_t e = 0; e < E; ++e) off[e + 1] = off[e] + static_cast<int32_t>(split[e]);
   DevBuf offsets(4 * (E + 1)), probs(4 * T), y(2 * T * H), dx(2 * T * H), dprobs(4 * T);
-  DevBuf dw1(4 * E * 2 * F * H), dw2(4 * E * H * F);
+  const int64_t dw_size = dtype_size(dw_dtype);
+  DevBuf dw1(dw_size * E * 2 * F * H), dw2(dw_size * E * H * F);
   ok(cudaMemcpy(offsets.p, off.data(), 4 * (E + 1), cudaMemcpyHostToDevice), "offsets");
   std::vector<float> hp(T);
   std::uniform_real_distribution<float> u(0.f, 1.f);
@@ -149,8 +150,8 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, uint64_t seed, std::v
   ba.dy = dv(*dy, DType::bf16, {T, H});
   ba.dx = dv(dx, DType::bf16, {T, H});
   ba.dprobs = dv(dprobs, DType::f32, {T});
-  ba.grads.dw1.dense = dv(dw1, DType::f32, {E, 2 * F, H});
-  ba.grads.dw2.dense = dv(dw2, DType::f32, {E, H, F});
+  ba.grads.dw1.dense = dv(dw1, dw_dtype, {E, 2 * F, H});
+  ba.grads.dw2.dense = dv(dw2, dw_dtype, {E, H, F});
 
   auto add = [&](const char* op, double ms, double flops, double bytes) {
     rows.push_back({pr.name, split_label, to_string(recipe), op, ms, flops, bytes});
@@ -247,11 +248,12 @@ int command_bench(const CliOptions& o) {
   std::vector<Recipe> recipes = o.recipe ? std::vector<Recipe>{*o.recipe} : std::vector<Recipe>{Recipe::mxfp8, Recipe::bf16};
   std::vector<Row> rows;
   std::vector<SplitRecord> splits;
-  std::fprintf(stderr, "mxmoe bench on %s (median of %d after %d warm-up runs)\n", cuda_device_description(0).c_str(),
-               kIters, kWarmup);
+  const DType dw_dtype = o.dw_dtype.value_or(DType::bf16);
+  std::fprintf(stderr, "mxmoe bench on %s (median of %d after %d warm-up runs; dW in %s)\n",
+               cuda_device_description(0).c_str(), kIters, kWarmup, dtype_name(dw_dtype));
   for (const Preset* p : list)
     for (bool skew : o.skew ? std::vector<bool>{true} : std::vector<bool>{false, true})
-      for (Recipe r : recipes) bench_one(*p, skew, r, o.seed, rows, splits);
+      for (Recipe r : recipes) bench_one(*p, skew, r, dw_dtype, o.seed, rows, splits);
 
   std::printf("| preset | split | recipe | op | ms | TFLOP/s | GB/s |\n|---|---|---|---|---|---|---|\n");
   for (const Row& r : rows)
@@ -263,6 +265,7 @@ int command_bench(const CliOptions& o) {
     json j;
     j["mxmoe_version"] = mxmoe::version();
     j["device"] = cuda_device_description(0);
+    j["dw_dtype"] = dtype_name(dw_dtype);
     j["rows"] = json::array();
     for (const Row& r : rows)
       j["rows"].push_back({{"preset", r.preset},

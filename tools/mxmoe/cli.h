@@ -50,6 +50,7 @@ struct CliOptions {
   std::string json_path;
   std::string dump_dir;
   int64_t check_rows = 0;  // 0: automatic (all rows when small, 256 sampled when large)
+  std::optional<DType> dw_dtype;  // bench: the weight gradients' type (default bf16, like the peers' autograd)
 };
 
 // Parses the command line with CLI11 (per-command flags and --help). Returns the exit status when

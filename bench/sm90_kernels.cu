@@ -206,8 +206,8 @@ int run(const Shape& sh, bool skew) {
   d2_store.epilogue = detail::Epilogue::store;
   d2_store.gemm.d = tv(da, DType::bf16, {T, F});
   ref.clear();
-  measure("fc2_dgrad", "layer: glu_backward BN128", 2 * thf, dc, ref, m_runner<KernelConfig<128, M::k, M::mn, G::m, Epi::glu_backward>>(d2.gemm_m()));
-  measure("fc2_dgrad", "glu_backward BN256 (3 stages)", 2 * thf, dc, ref, m_runner<KernelConfig<256, M::k, M::mn, G::m, Epi::glu_backward>>(d2.gemm_m()));
+  measure("fc2_dgrad", "layer: glu_backward BN256", 2 * thf, dc, ref, m_runner<KernelConfig<256, M::k, M::mn, G::m, Epi::glu_backward>>(d2.gemm_m()));
+  measure("fc2_dgrad", "glu_backward BN128", 2 * thf, dc, ref, m_runner<KernelConfig<128, M::k, M::mn, G::m, Epi::glu_backward>>(d2.gemm_m()));
   ref.clear();
   measure("fc2_dgrad", "plain store of dA, BN128", 2 * thf, da, ref, m_runner<KernelConfig<128, M::k, M::mn, G::m, Epi::store>>(d2_store));
   measure("fc2_dgrad", "plain store of dA, BN256", 2 * thf, da, ref, m_runner<KernelConfig<256, M::k, M::mn, G::m, Epi::store>>(d2_store));
@@ -219,6 +219,16 @@ int run(const Shape& sh, bool skew) {
   measure("fc1_dgrad", "layer: store BN256", 4 * thf, dx, ref, m_runner<KernelConfig<256, M::k, M::mn, G::m, Epi::store>>(d1.gemm_m()));
   measure("fc1_dgrad", "store BN256, CTA pairs", 4 * thf, dx, ref, m_runner<KernelConfig<256, M::k, M::mn, G::m, Epi::store, 2>>(d1.gemm_m()));
 
+  {  // bf16 weight gradients (what `mxmoe bench` times by default, like the peers' autograd)
+    const KGroupedGemmArgs w2g{.a = {.bf16 = tv(dy, DType::bf16, {T, H})}, .b = {.bf16 = tv(a, DType::bf16, {T, F})},
+                               .offsets = go, .d = {.dense = tv(dw2, DType::bf16, {E, H, F})}, .accumulate = false};
+    const KGroupedGemmArgs w1g{.a = {.bf16 = tv(dc, DType::bf16, {T, 2 * F})}, .b = {.bf16 = tv(x, DType::bf16, {T, H})},
+                               .offsets = go, .d = {.dense = tv(dw1, DType::bf16, {E, 2 * F, H})}, .accumulate = false};
+    ref.clear();
+    measure("fc2_wgrad", "layer: BN256 bf16", 2 * thf, dw2, ref, k_runner<KernelConfig<256, M::mn, M::mn, G::k, Epi::wgrad>>(w2g));
+    ref.clear();
+    measure("fc1_wgrad", "layer: BN256 bf16", 4 * thf, dw1, ref, k_runner<KernelConfig<256, M::mn, M::mn, G::k, Epi::wgrad>>(w1g));
+  }
   for (bool acc : {false, true}) {
     const KGroupedGemmArgs w2g{.a = {.bf16 = tv(dy, DType::bf16, {T, H})}, .b = {.bf16 = tv(a, DType::bf16, {T, F})},
                                .offsets = go, .d = {.dense = tv(dw2, DType::f32, {E, H, F})}, .accumulate = acc};

@@ -31,14 +31,14 @@ __device__ __forceinline__ float bf16_lo(uint32_t v) { return f32_from_bf16(stat
 __device__ __forceinline__ float bf16_hi(uint32_t v) { return f32_from_bf16(static_cast<uint16_t>(v >> 16)); }
 
 // ---- staged output -------------------------------------------------------------------------
-// Per consumer warp group: 64 rows x 256 bytes (128 bf16 or 64 f32 columns of one pass), 16-byte
-// chunks XOR-swizzled by row % 8 so that the fragment writes (8 rows x 16 bytes per instruction) and
-// the row-contiguous chunk reads are both free of bank conflicts.
-inline constexpr int kOutRowBytes = 256;
-inline constexpr int kOutStageBytes = 64 * kOutRowBytes;  // per consumer warp group
+// Per consumer warp group: 64 rows x kRow bytes (256: 128 bf16 or 64 f32 columns of one pass; 512:
+// the 128 features of a GLU backward pass), 16-byte chunks XOR-swizzled by row % 8 so that the
+// fragment writes (8 rows x 16 bytes per instruction) and the row-contiguous chunk reads are both
+// free of bank conflicts.
 
+template <int kRow = kOutRowBytes>
 __device__ __forceinline__ uint32_t stage_off(int r, int byte_col) {
-  return static_cast<uint32_t>(r * kOutRowBytes + ((((byte_col >> 4) ^ (r & 7))) << 4) + (byte_col & 15));
+  return static_cast<uint32_t>(r * kRow + ((((byte_col >> 4) ^ (r & 7))) << 4) + (byte_col & 15));
 }
 // Barriers 3 and 4: one per consumer warp group (1: k-grouped tail zeroing, 2: glu_backward sums).
 __device__ __forceinline__ void wg_sync(int cw) { named_barrier_sync(3 + cw, 128); }
@@ -48,21 +48,36 @@ __device__ __forceinline__ void wg_sync(int cw) { named_barrier_sync(3 + cw, 128
 using Stage = uint32_t;
 __device__ __forceinline__ Stage stage_of(const uint8_t* p) { return static_cast<Stage>(__cvta_generic_to_shared(p)); }
 
-// Fragment j (pass-relative jj) of row h into the stage: a bf16 pair, or an f32 pair.
-__device__ __forceinline__ void stage_pair(Stage st, const Frag& fr, int h, int jj, uint32_t bf16x2) {
-  asm volatile("st.shared.b32 [%0], %1;" ::"r"(st + stage_off(fr.row(h), (8 * jj + 2 * (fr.lane % 4)) * 2)), "r"(bf16x2)
-               : "memory");
+template <int kRow = kOutRowBytes>
+__device__ __forceinline__ void stage_word(Stage st, int r, int byte_col, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(st + stage_off<kRow>(r, byte_col)), "r"(v) : "memory");
 }
+template <int kRow = kOutRowBytes>
+__device__ __forceinline__ uint32_t stage_word(Stage st, int r, int byte_col) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(st + stage_off<kRow>(r, byte_col)) : "memory");
+  return v;
+}
+// Fragment j (pass-relative jj) of row h into the stage: a bf16 pair, or an f32 pair (kAdd: added to
+// the f32 pair the stage holds).
+__device__ __forceinline__ void stage_pair(Stage st, const Frag& fr, int h, int jj, uint32_t bf16x2) {
+  stage_word(st, fr.row(h), (8 * jj + 2 * (fr.lane % 4)) * 2, bf16x2);
+}
+template <bool kAdd = false>
 __device__ __forceinline__ void stage_pair(Stage st, const Frag& fr, int h, int jj, float v0, float v1) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(st + stage_off(fr.row(h), (8 * jj + 2 * (fr.lane % 4)) * 4)),
-               "f"(v0), "f"(v1)
-               : "memory");
+  const uint32_t a = st + stage_off(fr.row(h), (8 * jj + 2 * (fr.lane % 4)) * 4);
+  if constexpr (kAdd) {
+    float o0, o1;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(o0), "=f"(o1) : "r"(a) : "memory");
+    v0 = o0 + v0, v1 = o1 + v1;
+  }
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(a), "f"(v0), "f"(v1) : "memory");
 }
 
 // Where a staged block goes (or comes from): chunk c of staged row r at base + r * ld +
-// (c / group) * gstride + (c % group) * 16 (group 16: one contiguous 256-byte piece; group 8: two
-// 128-byte pieces, e.g. the a and b columns of C in the halves layout). Rows >= rows are skipped, and
-// in each group the bytes from valid_bytes on.
+// (c / group) * gstride + (c % group) * 16 (group = all chunks: one contiguous piece; half of them:
+// two pieces, e.g. the a and b columns of C in the halves layout). Rows >= rows are skipped, and in
+// each group the bytes from valid_bytes on.
 struct OutBlock {
   char* base;
   int64_t ld;
@@ -81,45 +96,72 @@ __device__ __forceinline__ int stage_bytes(int64_t first_col, int64_t end_col, i
   return c <= 0 ? 0 : (c * elem >= kOutRowBytes ? kOutRowBytes : static_cast<int>(c * elem));
 }
 
+// The thread's chunk of a stage row and its first row; rows advance by kStep (128 threads).
+template <int kRow>
+struct ChunkWalk {
+  static constexpr int kChunks = kRow / 16, kStep = 128 / kChunks;
+  __device__ ChunkWalk(const OutBlock& o, int wtid)
+      : c(wtid % kChunks), r0(wtid / kChunks), col((c / o.group) * o.gstride + (c % o.group) * 16),
+        in_group((c % o.group) * 16),
+        vec(((reinterpret_cast<uintptr_t>(o.base) | static_cast<uintptr_t>(o.ld | o.gstride)) & 15) == 0) {}
+  int c, r0;
+  int64_t col;
+  int in_group;
+  bool vec;
+};
+
 // Copies the stage out (all 128 threads of the warp group, wtid = 0..127), 16-byte chunks where the
-// destination allows (the base and the row pitch 16-byte aligned and the chunk inside valid_bytes),
-// 4-byte words otherwise. kAddF32: D += stage (f32), the old values of each row read before its
-// stores. Ends with the warp group's barrier (the stage is free again).
-template <bool kAddF32 = false>
+// destination allows (the base, row pitch and group stride 16-byte aligned and the chunk inside
+// valid_bytes), 4-byte words otherwise. Ends with the warp group's barrier (the stage is free again).
+template <int kRow = kOutRowBytes>
 __device__ __forceinline__ void copy_out(Stage st, const OutBlock& o, int wtid, int cw) {
   wg_sync(cw);  // the stage is complete
-  const bool vec = ((reinterpret_cast<uintptr_t>(o.base) | static_cast<uintptr_t>(o.ld | o.gstride)) & 15) == 0;
-  const int c = wtid % 16;
-  const int64_t col = (c / o.group) * o.gstride + (c % o.group) * 16;
-  const int in_group = (c % o.group) * 16;
+  const ChunkWalk<kRow> w(o, wtid);
 #pragma unroll 1
-  for (int r = wtid / 16; r < o.rows; r += 8) {
+  for (int r = w.r0; r < o.rows; r += w.kStep) {
     uint4 v;
     asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(st + stage_off(r, 16 * c))
+                 : "r"(st + stage_off<kRow>(r, 16 * w.c))
                  : "memory");
-    char* dst = o.base + r * o.ld + col;
-    if (vec && in_group + 16 <= o.valid_bytes) {
-      uint4 w = v;
-      if constexpr (kAddF32) {
-        const float4 old = *reinterpret_cast<const float4*>(dst);
-        w = make_uint4(__float_as_uint(__uint_as_float(v.x) + old.x), __float_as_uint(__uint_as_float(v.y) + old.y),
-                       __float_as_uint(__uint_as_float(v.z) + old.z), __float_as_uint(__uint_as_float(v.w) + old.w));
-      }
-      *reinterpret_cast<uint4*>(dst) = w;
+    char* dst = o.base + r * o.ld + w.col;
+    if (w.vec && w.in_group + 16 <= o.valid_bytes) {
+      *reinterpret_cast<uint4*>(dst) = v;
     } else {
       const uint32_t word[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        if (in_group + 4 * i >= o.valid_bytes) break;
-        uint32_t w = word[i];
-        if constexpr (kAddF32) w = __float_as_uint(__uint_as_float(w) + *reinterpret_cast<const float*>(dst + 4 * i));
-        *reinterpret_cast<uint32_t*>(dst + 4 * i) = w;
-      }
+      for (int i = 0; i < 4; ++i)
+        if (w.in_group + 4 * i < o.valid_bytes) *reinterpret_cast<uint32_t*>(dst + 4 * i) = word[i];
     }
   }
   wg_sync(cw);  // every chunk read: the stage may be written again
+}
+
+// Stage <- global, the mirror of copy_out: cp.async 16-byte chunks (no registers held while they
+// fly), 4-byte loads where the source does not allow them. Chunks it skips (rows >= rows, bytes
+// past valid_bytes) keep stale values, which the caller masks. copy_in_start only issues;
+// copy_in_finish waits for this thread's copies and the warp group's barrier (the stage complete).
+template <int kRow = kOutRowBytes>
+__device__ __forceinline__ void copy_in_start(Stage st, const OutBlock& o, int wtid) {
+  const ChunkWalk<kRow> w(o, wtid);
+#pragma unroll 1
+  for (int r = w.r0; r < o.rows; r += w.kStep) {
+    const char* src = o.base + r * o.ld + w.col;
+    if (w.vec && w.in_group + 16 <= o.valid_bytes) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(st + stage_off<kRow>(r, 16 * w.c)), "l"(src)
+                   : "memory");
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (w.in_group + 4 * i < o.valid_bytes)
+          stage_word<kRow>(st, r, 16 * w.c + 4 * i, *reinterpret_cast<const unsigned int*>(src + 4 * i));
+    }
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+__device__ __forceinline__ void copy_in_finish(int cw) {
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  wg_sync(cw);
 }
 
 // D[t, n] = acc (+ bias_e[n] or p_t * bias_e[n]) for the tile's rows inside the group; passes of
@@ -191,17 +233,23 @@ __device__ __forceinline__ void epilogue_wgrad_impl(const KernelParams& p, const
   const int rows = stage_rows(row_first, p.m);
 #pragma unroll
   for (int j0 = 0; j0 < BN / 8; j0 += kPassJ) {
+    const int64_t col0 = n0 + 8 * j0;
+    const OutBlock o{d + (row_first * p.n + col0) * kElem, p.n * kElem, rows, stage_bytes(col0, p.n, kElem)};
+    if constexpr (kAdd) {
+      // The main grad's block comes in by cp.async (one round trip per pass, no registers), the
+      // accumulator is added in the stage, the sum goes out.
+      copy_in_start(st, o, ctid % 128);
+      copy_in_finish(cw);
+    }
 #pragma unroll
     for (int jj = 0; jj < kPassJ; ++jj)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float v0 = acc[4 * (j0 + jj) + 2 * h], v1 = acc[4 * (j0 + jj) + 2 * h + 1];
-        if constexpr (kF32) stage_pair(st, fr, h, jj, v0, v1);
+        if constexpr (kF32) stage_pair<kAdd>(st, fr, h, jj, v0, v1);
         else stage_pair(st, fr, h, jj, pack_bf16x2(v0, v1));
       }
-    const int64_t col0 = n0 + 8 * j0;
-    copy_out<kAdd>(st, {d + (row_first * p.n + col0) * kElem, p.n * kElem, rows, stage_bytes(col0, p.n, kElem)},
-                   ctid % 128, cw);
+    copy_out(st, o, ctid % 128, cw);
   }
 }
 
@@ -214,60 +262,29 @@ __device__ __forceinline__ void epilogue_wgrad(const KernelParams& p, const Tile
   else epilogue_wgrad_impl<BN, true, false>(p, t, cw, ctid, acc, st);
 }
 
-// ---- GLU epilogues: C (and dC) in passes of 64 features ------------------------------------------
-// A pass stages the 128 columns of C that hold a and b of 64 features, in C's own column order:
-// halves [a f..f+63 | b f..f+63] (two 128-byte pieces, F columns apart), interleave32 [a b a b] (32
-// columns each, one contiguous 256-byte piece). kGluPass fragments (jj) of one pass.
-inline constexpr int kGluPassFeatures = 64, kGluPassJ = kGluPassFeatures / 8;
-
+// ---- GLU epilogues: C (and dC) in passes of kFeat features ---------------------------------------
+// A pass stages the 2 kFeat columns of C that hold a and b of kFeat features, in C's own column
+// order: halves [a f..f+kFeat-1 | b f..] (two pieces, F columns apart), interleave32 [a b a b ...]
+// (32 columns each, one contiguous piece). Rows are 4 kFeat bytes: forward 64 features (256-byte
+// rows, next to a 4-stage ring), backward 128 (512-byte rows).
+template <int kFeat>
 __device__ __forceinline__ OutBlock glu_pass_block(char* c_row_first, int64_t fq, int64_t F, int rows, GluLayout layout) {
-  const int64_t v = F - fq <= 0 ? 0 : (F - fq >= kGluPassFeatures ? kGluPassFeatures : F - fq);
+  const int64_t v = F - fq <= 0 ? 0 : (F - fq >= kFeat ? kFeat : F - fq);
   if (layout == GluLayout::halves)
-    return {c_row_first + fq * 2, 4 * F, rows, static_cast<int>(2 * v), 8, 2 * F};
-  return {c_row_first + 4 * fq, 4 * F, rows, static_cast<int>(4 * v), 16, 256};  // v: a multiple of 32
+    return {c_row_first + fq * 2, 4 * F, rows, static_cast<int>(2 * v), kFeat / 8, 2 * F};
+  return {c_row_first + 4 * fq, 4 * F, rows, static_cast<int>(4 * v), kFeat / 4, 4 * kFeat};  // v: a multiple of 32
 }
-// Byte columns of feature 8 jj + 2 (lane % 4) (+1: the pair) of a pass: a, and b = a + b_delta.
+// Byte columns in a pass's stage row of feature 8 jj + 2 (lane % 4) (and its pair): a, and b.
+template <int kFeat>
 struct GluPassCols {
   __device__ GluPassCols(GluLayout layout, int lane)
-      : halves(layout == GluLayout::halves), lane_bytes(4 * (lane % 4)), b_delta(halves ? 128 : 64) {}
+      : halves(layout == GluLayout::halves), lane_bytes(4 * (lane % 4)), b_delta(halves ? 2 * kFeat : 64) {}
   __device__ int a(int jj) const { return (halves ? 16 * jj : 128 * (jj / 4) + 16 * (jj % 4)) + lane_bytes; }
   __device__ int b(int jj) const { return a(jj) + b_delta; }
   bool halves;
   int lane_bytes, b_delta;
 };
 
-__device__ __forceinline__ void stage_word(Stage st, int r, int byte_col, uint32_t v) {
-  asm volatile("st.shared.b32 [%0], %1;" ::"r"(st + stage_off(r, byte_col)), "r"(v) : "memory");
-}
-__device__ __forceinline__ uint32_t stage_word(Stage st, int r, int byte_col) {
-  uint32_t v;
-  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(st + stage_off(r, byte_col)) : "memory");
-  return v;
-}
-
-// Stage <- global (the mirror of copy_out, cp.async 16-byte chunks, no registers held); chunks it
-// skips (rows >= rows, bytes past valid_bytes) keep stale values, which the caller masks. Ends with
-// the warp group's barrier (the stage is complete).
-__device__ __forceinline__ void copy_in(Stage st, const OutBlock& o, int wtid, int cw) {
-  const bool vec = ((reinterpret_cast<uintptr_t>(o.base) | static_cast<uintptr_t>(o.ld | o.gstride)) & 15) == 0;
-  const int c = wtid % 16;
-  const int64_t col = (c / o.group) * o.gstride + (c % o.group) * 16;
-  const int in_group = (c % o.group) * 16;
-#pragma unroll 1
-  for (int r = wtid / 16; r < o.rows; r += 8) {
-    const char* src = o.base + r * o.ld + col;
-    if (vec && in_group + 16 <= o.valid_bytes) {
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(st + stage_off(r, 16 * c)), "l"(src) : "memory");
-    } else {
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        if (in_group + 4 * i < o.valid_bytes)
-          stage_word(st, r, 16 * c + 4 * i, __ldg(reinterpret_cast<const unsigned int*>(src + 4 * i)));
-    }
-  }
-  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
-  wg_sync(cw);
-}
 
 // FC1: the tile's GEMM columns are the a-columns of features f0..f0+BN/2-1 followed by their
 // b-columns (the producer loads B_e rows in that order), so acc fragment j and j + BN/16 are a and b
@@ -286,7 +303,7 @@ __device__ __forceinline__ void epilogue_glu_forward_impl(const KernelParams& p,
   const int64_t f0 = static_cast<int64_t>(t.n_tile) * (BN / 2);
   const int64_t row_first = t.row0 + 64 * cw;
   const int rows = stage_rows(row_first, t.row_end);
-  const GluPassCols pc(p.glu_layout, fr.lane);
+  const GluPassCols<kGluFwdPass> pc(p.glu_layout, fr.lane);
   const uint16_t* bias = kBias ? p.bias + static_cast<int64_t>(t.expert) * C : nullptr;
   // a + b1 (b_half: b + b1) of fragment j, row h, element i: what C holds and act reads (fp32).
   auto pre = [&](int j, int h, int i, bool b_half) {
@@ -303,16 +320,16 @@ __device__ __forceinline__ void epilogue_glu_forward_impl(const KernelParams& p,
   if (p.c_out != nullptr) {
     char* c_rows = reinterpret_cast<char*>(p.c_out + row_first * C);
 #pragma unroll
-    for (int q = 0; q < BN / 2 / kGluPassFeatures; ++q) {
+    for (int q = 0; q < BN / 2 / kGluFwdPass; ++q) {
 #pragma unroll
-      for (int jj = 0; jj < kGluPassJ; ++jj)
+      for (int jj = 0; jj < kGluFwdPass / 8; ++jj)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int j = q * kGluPassJ + jj;
+          const int j = q * (kGluFwdPass / 8) + jj;
           stage_word(st, fr.row(h), pc.a(jj), pack_bf16x2(pre(j, h, 0, false), pre(j, h, 1, false)));
           stage_word(st, fr.row(h), pc.b(jj), pack_bf16x2(pre(j, h, 0, true), pre(j, h, 1, true)));
         }
-      copy_out(st, glu_pass_block(c_rows, f0 + q * kGluPassFeatures, F, rows, p.glu_layout), ctid % 128, cw);
+      copy_out(st, glu_pass_block<kGluFwdPass>(c_rows, f0 + q * kGluFwdPass, F, rows, p.glu_layout), ctid % 128, cw);
     }
   }
   float prob[2];
@@ -345,22 +362,34 @@ __device__ __forceinline__ void epilogue_glu_forward(const KernelParams& p, cons
   }
 }
 
-// FC2 dgrad: g = acc = dA for features n0..n0+BN-1. Per pass of 64 features: the saved C (bf16) is
-// staged, dC replaces it in place (each thread rewrites the words it read) and is copied out;
+// FC2 dgrad: g = acc = dA for features n0..n0+BN-1. Per pass of 128 features: the saved C (bf16)
+// is staged (pass 0's copy was started with the tile's mainloop, glu_backward_prefetch), dC replaces
+// it in place (each thread rewrites the words it read) and is copied out;
 //   dprob partial (sum over the tile's features of g * act) -> ws_dprob[n_tile, t];
 //   db1 partial (sum over the tile's rows of fp32 dC) -> ws_db1[m_tile, column].
 // Both partials use a fixed order (row pairs, quad shuffles; lane-bit shuffles, then warps by index).
-// col_sums: 8 warps x 128 floats (a then b of the pass's 64 features).
+// col_sums: 8 warps x 256 floats (a then b of the pass's 128 features).
+__device__ __forceinline__ OutBlock glu_backward_c_block(const KernelParams& p, const Tile& t, int cw, int64_t fq) {
+  const int64_t row_first = t.row0 + 64 * cw;
+  char* c_rows = const_cast<char*>(reinterpret_cast<const char*>(p.c_in + row_first * 2 * p.ffn));
+  return glu_pass_block<kGluBwdPass>(c_rows, fq, p.ffn, stage_rows(row_first, t.row_end), p.glu_layout);
+}
+template <int BN>
+__device__ __forceinline__ void glu_backward_prefetch(const KernelParams& p, const Tile& t, int cw, int ctid, Stage st) {
+  copy_in_start<kGluBwdRow>(st, glu_backward_c_block(p, t, cw, static_cast<int64_t>(t.n_tile) * BN), ctid % 128);
+}
+
 template <int BN, Activation kAct>
 __device__ __forceinline__ void epilogue_glu_backward_impl(const KernelParams& p, const Tile& t, int cw, int ctid,
                                                            const float (&acc)[BN / 2], float* col_sums, Stage st) {
-  static_assert(BN % kGluPassFeatures == 0, "whole passes");
+  static_assert(BN % kGluBwdPass == 0, "whole passes");
+  constexpr int kPassJ = kGluBwdPass / 8, kRow = kGluBwdRow;
   const Frag fr{(ctid % 128) / 32, ctid % 32};
   const int64_t F = p.ffn, C = 2 * F;
   const int64_t n0 = static_cast<int64_t>(t.n_tile) * BN;
   const int64_t row_first = t.row0 + 64 * cw;
   const int rows = stage_rows(row_first, t.row_end);
-  const GluPassCols pc(p.glu_layout, fr.lane);
+  const GluPassCols<kGluBwdPass> pc(p.glu_layout, fr.lane);
   const bool want_db1 = p.ws_db1 != nullptr;
   const int gw = cw * 4 + fr.warp;  // consumer warp 0..7 (row order)
   bool live[2];
@@ -370,28 +399,28 @@ __device__ __forceinline__ void epilogue_glu_backward_impl(const KernelParams& p
     live[h] = fr.row(h) < rows;
     prob[h] = p.probs != nullptr && live[h] ? __ldg(p.probs + row_first + fr.row(h)) : 1.0f;
   }
-  char* c_rows = const_cast<char*>(reinterpret_cast<const char*>(p.c_in + row_first * C));
   char* dc_rows = reinterpret_cast<char*>(p.out_bf16 + row_first * C);
 #pragma unroll
-  for (int q = 0; q < BN / kGluPassFeatures; ++q) {
-    const int64_t fq = n0 + q * kGluPassFeatures;
-    copy_in(st, glu_pass_block(c_rows, fq, F, rows, p.glu_layout), ctid % 128, cw);
+  for (int q = 0; q < BN / kGluBwdPass; ++q) {
+    const int64_t fq = n0 + q * kGluBwdPass;
+    if (q > 0) copy_in_start<kRow>(st, glu_backward_c_block(p, t, cw, fq), ctid % 128);
+    copy_in_finish(cw);
 #pragma unroll
-    for (int jj = 0; jj < kGluPassJ; ++jj) {
-      const int j = q * kGluPassJ + jj;
+    for (int jj = 0; jj < kPassJ; ++jj) {
+      const int j = q * kPassJ + jj;
       const bool in = fq + 8 * jj + 2 * (fr.lane % 4) < F;  // F is even: pairs are whole
       float sa[2] = {0.0f, 0.0f}, sb[2] = {0.0f, 0.0f};       // (i): this thread's two rows
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (!(in && live[h])) continue;
-        const uint32_t av = stage_word(st, fr.row(h), pc.a(jj)), bv = stage_word(st, fr.row(h), pc.b(jj));
+        const uint32_t av = stage_word<kRow>(st, fr.row(h), pc.a(jj)), bv = stage_word<kRow>(st, fr.row(h), pc.b(jj));
         const float g0 = acc[4 * j + 2 * h], g1 = acc[4 * j + 2 * h + 1];
         const GluGrad r0 = glu_backward<kAct>(bf16_lo(av), bf16_lo(bv), g0, prob[h], p.glu);
         const GluGrad r1 = glu_backward<kAct>(bf16_hi(av), bf16_hi(bv), g1, prob[h], p.glu);
         row_sum[h] += g0 * r0.act + g1 * r1.act;
         sa[0] += r0.da, sa[1] += r1.da, sb[0] += r0.db, sb[1] += r1.db;
-        stage_word(st, fr.row(h), pc.a(jj), pack_bf16x2(r0.da, r1.da));
-        stage_word(st, fr.row(h), pc.b(jj), pack_bf16x2(r0.db, r1.db));
+        stage_word<kRow>(st, fr.row(h), pc.a(jj), pack_bf16x2(r0.da, r1.da));
+        stage_word<kRow>(st, fr.row(h), pc.b(jj), pack_bf16x2(r0.db, r1.db));
       }
       if (want_db1) {
         // Column sums over the warp's 16 rows (lane bits 2-4), in a fixed order.
@@ -403,21 +432,22 @@ __device__ __forceinline__ void epilogue_glu_backward_impl(const KernelParams& p
             sb[i] += __shfl_xor_sync(0xffffffffu, sb[i], s);
           }
         if (fr.lane < 4) {
+          float* mine = col_sums + gw * 2 * kGluBwdPass;
           const int c = 8 * jj + 2 * fr.lane;
-          col_sums[gw * 128 + c] = sa[0], col_sums[gw * 128 + c + 1] = sa[1];
-          col_sums[gw * 128 + 64 + c] = sb[0], col_sums[gw * 128 + 64 + c + 1] = sb[1];
+          mine[c] = sa[0], mine[c + 1] = sa[1];
+          mine[kGluBwdPass + c] = sb[0], mine[kGluBwdPass + c + 1] = sb[1];
         }
       }
     }
-    copy_out(st, glu_pass_block(dc_rows, fq, F, rows, p.glu_layout), ctid % 128, cw);
+    copy_out<kRow>(st, glu_pass_block<kGluBwdPass>(dc_rows, fq, F, rows, p.glu_layout), ctid % 128, cw);
     if (want_db1) {
       named_barrier_sync(2, kConsumerThreads);  // every warp's sums are in
-      if (ctid < 2 * kGluPassFeatures) {
-        const int half = ctid / kGluPassFeatures, c = ctid % kGluPassFeatures;
+      {
+        const int half = ctid / kGluBwdPass, c = ctid % kGluBwdPass;  // 256 threads: a, b of 128 features
         const int64_t f = fq + c;
         if (f < F) {
           float sum = 0.0f;
-          for (int w = 0; w < 8; ++w) sum += col_sums[w * 128 + half * 64 + c];
+          for (int w = 0; w < 8; ++w) sum += col_sums[w * 2 * kGluBwdPass + half * kGluBwdPass + c];
           const int64_t col = half == 0 ? glu_a_col(f, F, p.glu_layout) : glu_b_col(f, F, p.glu_layout);
           p.ws_db1[static_cast<int64_t>(t.m_tile) * C + col] = sum;
         }
@@ -445,17 +475,28 @@ __device__ __forceinline__ void epilogue_glu_backward(const KernelParams& p, con
     epilogue_glu_backward_impl<BN, Activation::clamped_swiglu>(p, t, cw, ctid, acc, col_sums, st);
 }
 
-// epi: the epilogue's shared memory (kEpiBytes): the two warp groups' stages (kOutStageBytes each),
-// then (glu_backward) the column sums.
+// epi: the epilogue's shared memory (Cfg::kEpiBytes): the two warp groups' stages, then
+// (glu_backward) the column sums.
+template <class Cfg>
+__device__ __forceinline__ Stage epilogue_stage(uint8_t* epi, int cw) {
+  return stage_of(epi + cw * (Cfg::kEpi == Epi::glu_backward ? kGluBwdStageBytes : kOutStageBytes));
+}
+
+// Work an epilogue starts with the tile's mainloop: glu_backward's first C pass.
+template <class Cfg>
+__device__ __forceinline__ void epilogue_prefetch(const KernelParams& p, const Tile& t, int cw, int ctid, uint8_t* epi) {
+  if constexpr (Cfg::kEpi == Epi::glu_backward) glu_backward_prefetch<Cfg::kBlockN>(p, t, cw, ctid, epilogue_stage<Cfg>(epi, cw));
+}
+
 template <class Cfg>
 __device__ __forceinline__ void epilogue(const KernelParams& p, const Tile& t, int cw, int ctid,
                                          const float (&acc)[Cfg::kBlockN / 2], uint8_t* epi) {
   constexpr int BN = Cfg::kBlockN;
-  const Stage st = stage_of(epi + cw * kOutStageBytes);
+  const Stage st = epilogue_stage<Cfg>(epi, cw);
   if constexpr (Cfg::kEpi == Epi::store) epilogue_store<BN>(p, t, cw, ctid, acc, st);
   else if constexpr (Cfg::kEpi == Epi::wgrad) epilogue_wgrad<BN>(p, t, cw, ctid, acc, st);
   else if constexpr (Cfg::kEpi == Epi::glu_forward) epilogue_glu_forward<BN>(p, t, cw, ctid, acc, st);
-  else epilogue_glu_backward<BN>(p, t, cw, ctid, acc, reinterpret_cast<float*>(epi + 2 * kOutStageBytes), st);
+  else epilogue_glu_backward<BN>(p, t, cw, ctid, acc, reinterpret_cast<float*>(epi + 2 * kGluBwdStageBytes), st);
 }
 
 }  // namespace mxmoe::cuda::sm90

@@ -28,6 +28,16 @@ inline constexpr int kBoxBytes = 64 * 64 * 2;  // one [64][64] bf16 box = 8 swiz
 inline constexpr int kThreads = 384;
 inline constexpr int kConsumerThreads = 256;
 inline constexpr int kSmemLimit = 227 * 1024;
+// Epilogue staging (epilogue.cuh): per consumer warp group 64 rows x 256 bytes; glu_backward: 64 rows
+// x 512 bytes (a and b of 128 features) per warp group, then the db1 column partials of the 8
+// consumer warps for one such pass.
+inline constexpr int kOutRowBytes = 256;
+inline constexpr int kOutStageBytes = 64 * kOutRowBytes;
+inline constexpr int kGluFwdPass = 64;   // features per C pass of the forward (256-byte rows)
+inline constexpr int kGluBwdPass = 128;  // features per pass of the backward (512-byte rows)
+inline constexpr int kGluBwdRow = 4 * kGluBwdPass;
+inline constexpr int kGluBwdStageBytes = 64 * kGluBwdRow;
+inline constexpr int kGluBwdEpiBytes = 2 * kGluBwdStageBytes + 8 * 2 * kGluBwdPass * 4;
 
 template <int BN_, Major AMajor_, Major BMajor_, Grouping G_, Epi E_, int Cluster_ = 1>
 struct KernelConfig {
@@ -38,9 +48,9 @@ struct KernelConfig {
   static constexpr int kStageA = kBlockM * kBlockK * 2;  // (128, 64) K-major or 2 x (64 k, 64 m)
   static constexpr int kStageB = kBlockN * kBlockK * 2;  // (BN, 64) K-major or BN/64 x (64 k, 64 n)
   static constexpr int kStageBytes = kStageA + kStageB;
-  // A 64-row x 256-byte output stage per consumer warp group (epilogue.cuh); glu_backward adds the
-  // db1 column partials of the 8 consumer warps for one pass (64 features, a and b).
-  static constexpr int kEpiBytes = 2 * 64 * 256 + (E_ == Epi::glu_backward ? 8 * 128 * 4 : 0);
+  // The epilogue's shared memory (epilogue.cuh): a 64-row x 256-byte output stage per consumer warp
+  // group; glu_backward: 512-byte rows and the db1 column partials.
+  static constexpr int kEpiBytes = E_ == Epi::glu_backward ? kGluBwdEpiBytes : 2 * kOutStageBytes;
   static constexpr int kReserved = 1024 /*alignment slack*/ + 256 /*barriers*/;
   static constexpr int kStages = (kSmemLimit - kReserved - kEpiBytes) / kStageBytes > 8
                                      ? 8
@@ -85,6 +95,24 @@ __device__ __forceinline__ int64_t pair_count(const KernelParams& p) {
   }
 }
 
+// Raster: m-pairs in bands of kRasterBand, each band walked n-tile by n-tile with the m-pairs of the
+// band adjacent (m fastest inside a band; k-grouped: within each expert). A wave of 132 CTAs then covers about 8 n-tiles of 16
+// m-tiles: each B slice is fetched once per band rather than once per m-tile (a row-by-row walk of
+// mixtral's FC1, N = 28672, streamed its 235 MB expert weight from DRAM for every m-tile), and a
+// band's A rows (16 x 128 x K) stay in L2 while its n-tiles go by.
+inline constexpr int32_t kRasterBand = 16;
+
+// (m_pair, n_tile) of linear index `i` over m_pairs x n_tiles in that raster.
+__device__ __forceinline__ void raster(int64_t i, int32_t m_pairs, int32_t n_tiles, int32_t& m_pair, int32_t& n_tile) {
+  const int64_t per_band = static_cast<int64_t>(kRasterBand) * n_tiles;
+  const int32_t band = static_cast<int32_t>(i / per_band);
+  const int32_t rem = static_cast<int32_t>(i - band * per_band);
+  const int32_t left = m_pairs - band * kRasterBand;
+  const int32_t size = left < kRasterBand ? left : kRasterBand;
+  n_tile = rem / size;
+  m_pair = band * kRasterBand + (rem - n_tile * size);
+}
+
 template <Grouping G, int kCluster>
 __device__ __forceinline__ Tile tile_at(const KernelParams& p, int64_t pidx, uint32_t rank, int32_t m_count) {
   Tile t;
@@ -93,9 +121,8 @@ __device__ __forceinline__ Tile tile_at(const KernelParams& p, int64_t pidx, uin
     const int32_t m_pairs = (p.m_tiles + kCluster - 1) / kCluster;
     const int64_t per_expert = static_cast<int64_t>(m_pairs) * p.n_tiles;
     t.expert = static_cast<int32_t>(pidx / per_expert);
-    const int64_t rem = pidx - t.expert * per_expert;
-    const int32_t m_pair = static_cast<int32_t>(rem / p.n_tiles);
-    t.n_tile = static_cast<int32_t>(rem - static_cast<int64_t>(m_pair) * p.n_tiles);
+    int32_t m_pair;
+    raster(pidx - t.expert * per_expert, m_pairs, p.n_tiles, m_pair, t.n_tile);
     t.m_tile = m_pair * kCluster + static_cast<int32_t>(rank);
     t.live = t.m_tile < p.m_tiles;
     t.b_expert = t.expert;
@@ -107,8 +134,8 @@ __device__ __forceinline__ Tile tile_at(const KernelParams& p, int64_t pidx, uin
     t.k_end = g.end;
     t.k_blocks = static_cast<int32_t>((t.k_end - t.k0 + kBlockK - 1) / kBlockK);
   } else {
-    const int32_t m_pair = static_cast<int32_t>(pidx / p.n_tiles);
-    t.n_tile = static_cast<int32_t>(pidx - static_cast<int64_t>(m_pair) * p.n_tiles);
+    int32_t m_pair;
+    raster(pidx, (m_count + kCluster - 1) / kCluster, p.n_tiles, m_pair, t.n_tile);
     t.m_tile = m_pair * kCluster + static_cast<int32_t>(rank);
     const TileInfo mine = t.m_tile < m_count ? s.tiles[t.m_tile] : TileInfo{-1, 0};
     TileInfo other = mine;
@@ -311,6 +338,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     for (int64_t idx = first; idx < total; idx += step) {
       const Tile t = tile_at<Cfg::kGrouping, kCluster>(p, idx, rank, m_count);
+      if (t.live) epilogue_prefetch<Cfg>(p, t, cw, ctid, epi_smem);
       float acc[BN / 2];
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) {

@@ -89,6 +89,10 @@ std::vector<uint8_t> snapshot(const Buf& b) {
   return h;
 }
 
+// The persistent grid of the variant being measured (CTAs = resident clusters x cluster size), set
+// by m_runner / k_runner and printed by measure(): a cluster size that leaves SMs idle shows here.
+int g_ctas = 0;
+
 struct Row {
   std::string gemm, variant;
   float ms;
@@ -109,13 +113,14 @@ void measure(const std::string& gemm, const std::string& variant, double flops, 
   else same = snapshot(out) == reference ? "yes" : "NO";
   const float ms = median_ms(run);
   rows.push_back({gemm, variant, ms, flops, same});
-  std::printf("  %-10s %-34s %8.3f ms %6.0f TFLOP/s  same bytes: %s\n", gemm.c_str(), variant.c_str(), ms,
-              flops / ms * 1e-9, same.c_str());
+  std::printf("  %-10s %-34s %8.3f ms %6.0f TFLOP/s  %3d CTAs  same bytes: %s\n", gemm.c_str(), variant.c_str(), ms,
+              flops / ms * 1e-9, g_ctas, same.c_str());
   std::fflush(stdout);
 }
 
 template <class Cfg>
 std::function<void()> m_runner(const detail::MGemmStep& s) {
+  g_ctas = resident_clusters<Cfg>() * Cfg::kCluster;
   return [s] {
     Workspace ws(gemm_m_workspace_bytes(s, Cfg::kBlockN), nullptr);
     const MPlan plan = plan_gemm_m(s, Cfg::kBlockN, ws, nullptr);
@@ -126,6 +131,7 @@ std::function<void()> m_runner(const detail::MGemmStep& s) {
 
 template <class Cfg>
 std::function<void()> k_runner(const KGroupedGemmArgs& a) {
+  g_ctas = resident_clusters<Cfg>() * Cfg::kCluster;
   return [a] {
     Workspace ws(gemm_k_workspace_bytes(a), nullptr);
     const KPlan plan = plan_gemm_k(a, Cfg::kBlockN, ws, nullptr);

@@ -262,6 +262,10 @@ TEST_P(GpuGluForward, QuantizesInEpilogueWithSwizzledScalesOddDimsAndSkew) {
   expect_glu_forward_ok(backend(),
                         GluCase{.sizes = {200}, .h = 64, .f = 32, .mx = false, .mx_out = true, .b_kn = true});
   expect_glu_forward_ok(backend(), GluCase{.sizes = {3, 90}, .h = 96, .f = 40, .bias = false});  // BF16: F % 8 only
+  // BF16, several 64-feature C passes of cuda_sm90's tiles and partial last tiles (F = 1440, 1400).
+  expect_glu_forward_ok(backend(), GluCase{.sizes = {41, 0, 129, 300}, .h = 320, .f = 1440,
+                                           .act = Activation::clamped_swiglu, .layout = GluLayout::interleave32});
+  expect_glu_forward_ok(backend(), GluCase{.sizes = {200, 77, 0, 5}, .h = 192, .f = 1400});
 #endif
 }
 
@@ -288,6 +292,14 @@ TEST_P(GpuGluBackward, Db1GradOutRulesDprobAddAndOddDims) {
                                  .layout = GluLayout::interleave32, .scale_layout = ScaleLayout::swizzled});
   expect_glu_backward_ok(backend(), GluCase{.sizes = {0, 0, 0}, .mx = true, .mx_out = true, .b_kn = true});
   expect_glu_backward_ok(backend(), GluCase{.sizes = {70, 3}, .h = 96, .f = 40, .b_kn = false});  // BF16, F % 8 only
+  // BF16 with the layer's W2 orientation and F = 1440: several 128-feature passes of cuda_sm90's
+  // 256-wide tiles and a partial last one (1440 = 5 x 256 + 160), groups ending inside tiles.
+  expect_glu_backward_ok(backend(),
+                         GluCase{.sizes = {41, 0, 129, 300}, .h = 320, .f = 1440, .b_kn = true,
+                                 .act = Activation::clamped_swiglu, .layout = GluLayout::interleave32},
+                         BwdOptions{.db1 = DType::f32, .accumulate = true});
+  expect_glu_backward_ok(backend(), GluCase{.sizes = {200, 77, 0, 5}, .h = 192, .f = 1400, .b_kn = true},
+                         BwdOptions{.db1 = DType::bf16, .dprob_add = false});
 #endif
 }
 

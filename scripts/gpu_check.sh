@@ -55,15 +55,18 @@ for s in $steps; do
     ncu)
       # ncu (--set full, source counters) on single launches of the kernel benchmark's GEMMs: NCU_SKIPS
       # lists launch indices among the grouped_gemm_kernel launches of `mxmoe_sm90_kernels
-      # ${KERNELS_ARGS:-dsv3}` (each variant launches 12 times: dsv3 0 = FC1 GLU, 24 = FC1 plain store,
-      # 36 = FC1 GLU without C, 84 = FC2 dgrad GLU, 108 = FC2 dgrad plain store). Per launch: details page and SASS source page.
+      # ${KERNELS_ARGS:-dsv3}` (each variant launches 12 times, in the order it prints them: dsv3 0 =
+      # FC1 GLU, 24 = FC1 plain store, 48 = FC2 fprop, 60 = FC2 fprop CTA pairs, 84 = FC2 dgrad GLU,
+      # 120 = FC2 dgrad plain store BN 256). Per launch: details page, and with NCU_SOURCE=1 (default)
+      # the SASS source page. The program is stopped after the profiled launch.
       for skip in ${NCU_SKIPS:-0 24}; do
         timeout ${NCU_TIMEOUT:-150} ncu -k regex:grouped_gemm_kernel --launch-skip $skip --launch-count 1 --set full \
-          --import-source yes -f -o "$OUT/ncu_$skip" $B/mxmoe_sm90_kernels ${KERNELS_ARGS:-dsv3} >"$OUT/ncu_$skip.log" 2>&1
+          --import-source yes --kill yes -f -o "$OUT/ncu_$skip" $B/mxmoe_sm90_kernels ${KERNELS_ARGS:-dsv3} >"$OUT/ncu_$skip.log" 2>&1
         rc=$?; summary "ncu launch $skip" "rc=$rc"
         ncu -i "$OUT/ncu_$skip.ncu-rep" --page details >"$OUT/ncu_${skip}_details.txt" 2>&1
-        ncu -i "$OUT/ncu_$skip.ncu-rep" --page source --csv --print-source sass >"$OUT/ncu_${skip}_sass.csv" 2>&1
-        grep -E "grouped_gemm|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Issue Slots Busy|No Eligible|Warp Cycles Per Issued" "$OUT/ncu_${skip}_details.txt" | head -12
+        [ "${NCU_SOURCE:-1}" = 1 ] && ncu -i "$OUT/ncu_$skip.ncu-rep" --page source --csv --print-source sass >"$OUT/ncu_${skip}_sass.csv" 2>&1
+        rm -f "$OUT/ncu_$skip.ncu-rep"  # large; the text pages are what comes back
+        grep -E "grouped_gemm|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued" "$OUT/ncu_${skip}_details.txt" | head -12
       done ;;
     bench)
       # mxmoe bench with no --preset runs every preset but small, balanced and skewed, both recipes

@@ -6,6 +6,7 @@
 #include "mxmoe/mxfp8_layout.h"
 #include "mxmoe/numerics.h"
 #include "mxmoe/ops.h"
+#include "mxmoe/permute.h"
 #include "mxmoe/problem.h"
 #include "mxmoe/tensor.h"
 #include "mxmoe/types.h"

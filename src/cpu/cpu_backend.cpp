@@ -18,6 +18,9 @@ class CpuBackend final : public Backend {
   void gemm_m(Context&, const MGemmStep& s) override { cpu::gemm_m(s); }
   void gemm_k(Context&, const KGroupedGemmArgs& a) override { cpu::gemm_k(a); }
   void fc2_bias_grads(Context&, const Fc2BiasGradStep& s) override { cpu::fc2_bias_grads(s); }
+  void route_tokens(Context&, const RouteTokensStep& s) override { cpu::route_tokens(s); }
+  void permute_rows(Context&, const PermuteByMapArgs& a) override { cpu::permute_rows(a); }
+  void unpermute_rows(Context&, const UnpermuteArgs& a) override { cpu::unpermute_rows(a); }
 };
 
 }  // namespace

@@ -11,5 +11,8 @@ void quantize_experts(const detail::QuantizeExpertsStep& s);  // src/cpu/quant.c
 void gemm_m(const detail::MGemmStep& s);                 // src/cpu/gemm.cpp
 void gemm_k(const KGroupedGemmArgs& a);                  // src/cpu/gemm.cpp
 void fc2_bias_grads(const detail::Fc2BiasGradStep& s);   // src/cpu/gemm.cpp
+void route_tokens(const detail::RouteTokensStep& s);     // src/cpu/permute.cpp
+void permute_rows(const PermuteByMapArgs& a);            // src/cpu/permute.cpp
+void unpermute_rows(const UnpermuteArgs& a);             // src/cpu/permute.cpp
 
 }  // namespace mxmoe::cpu

@@ -10,6 +10,7 @@
 #include "mxmoe/context.h"
 #include "mxmoe/grouped_mlp.h"
 #include "mxmoe/ops.h"
+#include "mxmoe/permute.h"
 #include "src/common/glu.h"
 #include "src/common/memory.h"  // Buffer, allocate(): kept here for existing includers
 
@@ -22,6 +23,9 @@ enum class Step : uint8_t {
   gemm_m,            // m-grouped GEMM with an epilogue (fprop, dgrad)
   gemm_k,            // k-grouped GEMM (wgrad)
   fc2_bias_grads,    // db2 and the scale_fc2_bias dprob term
+  route_tokens,      // top-k expert ids -> offsets, row_map, invalid count (permute_tokens)
+  permute_rows,      // rows to their permuted places by a row_map (permute_tokens, permute_by_map)
+  unpermute_rows,    // slot sums back to tokens by a row_map (unpermute_tokens)
 };
 const char* to_string(Step s);
 
@@ -109,6 +113,18 @@ struct Fc2BiasGradStep {
   TensorView dprob_add;  // f32 [T]
 };
 
+// The routing half of permute_tokens (docs/numerics.md "Permute and unpermute"): per-expert counts
+// of the valid ids, capped at the capacity, prefix-summed into offsets; the row of every
+// (token, slot) in expert, token, slot order, or -1; the number of ids outside [0, E).
+struct RouteTokensStep {
+  TensorView expert_ids;  // i32 [T, K]
+  int64_t experts = 0;    // E
+  int64_t capacity = -1;  // C >= 0, or -1: keep every row
+  TensorView offsets;     // i32 [E+1]
+  TensorView row_map;     // i32 [T, K]
+  TensorView invalid;     // optional i32 [1]
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -124,6 +140,9 @@ class Backend {
   virtual void gemm_m(Context& ctx, const MGemmStep& s) = 0;
   virtual void gemm_k(Context& ctx, const KGroupedGemmArgs& a) = 0;
   virtual void fc2_bias_grads(Context& ctx, const Fc2BiasGradStep& s) = 0;
+  virtual void route_tokens(Context& ctx, const RouteTokensStep& s) = 0;
+  virtual void permute_rows(Context& ctx, const PermuteByMapArgs& a) = 0;
+  virtual void unpermute_rows(Context& ctx, const UnpermuteArgs& a) = 0;
 };
 
 // Registry: backends in preference order (fastest first; cpu last).

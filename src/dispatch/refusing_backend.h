@@ -21,6 +21,9 @@ class RefusingBackend : public Backend {
   void gemm_m(Context&, const MGemmStep&) override { refuse(Step::gemm_m); }
   void gemm_k(Context&, const KGroupedGemmArgs&) override { refuse(Step::gemm_k); }
   void fc2_bias_grads(Context&, const Fc2BiasGradStep&) override { refuse(Step::fc2_bias_grads); }
+  void route_tokens(Context&, const RouteTokensStep&) override { refuse(Step::route_tokens); }
+  void permute_rows(Context&, const PermuteByMapArgs&) override { refuse(Step::permute_rows); }
+  void unpermute_rows(Context&, const UnpermuteArgs&) override { refuse(Step::unpermute_rows); }
 
  private:
   [[noreturn]] void refuse(Step s) const {

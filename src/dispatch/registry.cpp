@@ -14,6 +14,9 @@ const char* to_string(Step s) {
     case Step::gemm_m: return "gemm_m";
     case Step::gemm_k: return "gemm_k";
     case Step::fc2_bias_grads: return "fc2_bias_grads";
+    case Step::route_tokens: return "route_tokens";
+    case Step::permute_rows: return "permute_rows";
+    case Step::unpermute_rows: return "unpermute_rows";
   }
   return "?";
 }

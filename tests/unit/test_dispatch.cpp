@@ -46,6 +46,9 @@ class MissingWgradBackend final : public detail::Backend {
   }
   void gemm_k(Context&, const KGroupedGemmArgs&) override { ADD_FAILURE() << "gemm_k must not be called"; }
   void fc2_bias_grads(Context&, const detail::Fc2BiasGradStep& s) override { cpu::fc2_bias_grads(s); }
+  void route_tokens(Context&, const detail::RouteTokensStep& s) override { cpu::route_tokens(s); }
+  void permute_rows(Context&, const PermuteByMapArgs& a) override { cpu::permute_rows(a); }
+  void unpermute_rows(Context&, const UnpermuteArgs& a) override { cpu::unpermute_rows(a); }
 };
 
 TEST(Dispatch, MissingPreferredWgradKernelFallsBackWithoutException) {

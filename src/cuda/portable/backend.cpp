@@ -17,7 +17,10 @@ class CudaPortableBackend final : public detail::Backend {
     if (f.major < 8) return {false, f.name + " is " + f.cc() + "; cuda_portable needs sm_80 or newer"};
     return {true, f.name + " (" + f.cc() + "), mma.sync bf16 kernels"};
   }
-  detail::Probe probe(const detail::StepQuery&) const override { return {true, ""}; }
+  detail::Probe probe(const detail::StepQuery& q) const override {
+    if (token_routing(q.step)) return {false, kNoRoutingKernels};
+    return {true, ""};
+  }
   void quantize(Context& c, const QuantizeArgs& a) override { cuda::quantize(a, c.options().stream); }
   void dequantize(Context& c, const DequantizeArgs& a) override { cuda::dequantize(a, c.options().stream); }
   void quantize_experts(Context& c, const detail::QuantizeExpertsStep& s) override {
@@ -27,6 +30,20 @@ class CudaPortableBackend final : public detail::Backend {
   void gemm_k(Context& c, const KGroupedGemmArgs& a) override { portable::gemm_k(a, c.options().stream); }
   void fc2_bias_grads(Context& c, const detail::Fc2BiasGradStep& s) override {
     portable::fc2_bias_grads(s, c.options().stream);
+  }
+  void route_tokens(Context&, const detail::RouteTokensStep&) override { refuse(detail::Step::route_tokens); }
+  void permute_rows(Context&, const PermuteByMapArgs&) override { refuse(detail::Step::permute_rows); }
+  void unpermute_rows(Context&, const UnpermuteArgs&) override { refuse(detail::Step::unpermute_rows); }
+
+ private:
+  // NOTE: the permute / unpermute kernels are not written yet; the probe refuses them, so dispatch
+  // on device data reports that no backend serves the step. A direct call is a bug: an Error.
+  static constexpr const char* kNoRoutingKernels = "token permute/unpermute is not implemented on this backend yet";
+  static bool token_routing(detail::Step s) {
+    return s == detail::Step::route_tokens || s == detail::Step::permute_rows || s == detail::Step::unpermute_rows;
+  }
+  [[noreturn]] void refuse(detail::Step s) const {
+    throw Error("backend", std::string(name()) + " cannot run " + detail::to_string(s) + ": " + kNoRoutingKernels);
   }
 };
 

@@ -54,6 +54,10 @@ class CudaSm90Backend final : public detail::RefusingBackend {
         return {false, "no sm90 quantizer of its own: cuda_portable's one-pass quantizer serves it"};
       case detail::Step::fc2_bias_grads:
         return {false, "a memory-bound column reduction: cuda_portable's kernel serves it"};
+      case detail::Step::route_tokens:
+      case detail::Step::permute_rows:
+      case detail::Step::unpermute_rows:
+        return {false, "token permute/unpermute is not implemented on this backend yet"};
     }
     return {false, "unknown step"};
 #else

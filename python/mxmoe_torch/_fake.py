@@ -61,9 +61,21 @@ def deferred_buffers(like, recipe, tokens, experts, ffn, hidden):
     return [t.zero_() if t.dtype == SCALE else t for t in _deferred(like, recipe, tokens, experts, ffn, hidden)]
 
 
+@torch.library.register_fake("mxmoe::grouped_mlp_prepare_weights")
+def _grouped_mlp_prepare_weights(w1, w2, recipe, activation, limit, alpha, linear_offset, glu_layout,
+                                 scale_fc2_bias):
+    # An opaque object has no shape to infer: fake (and meta) weights give an empty PreparedWeights,
+    # which a real layer op refuses, naming `prepared`. The module never prepares fake weights
+    # (GroupedMLP._prepared_weights bypasses its cache under tracing).
+    check_devices("grouped_mlp_prepare_weights", ("w1", w1), ("w2", w2))
+    return torch.classes.mxmoe.PreparedWeights()
+
+
+# `prepared` (the layer ops' optional last argument) changes no shape: the fake kernels take it and
+# never read it (the class's tracing_mode is "real", so fake-tensor tracing hands over the object).
 @torch.library.register_fake("mxmoe::grouped_mlp_forward")
 def _grouped_mlp_forward(x, offsets, probs, w1, b1, w2, b2, recipe, activation, limit, alpha, linear_offset,
-                         glu_layout, scale_fc2_bias):
+                         glu_layout, scale_fc2_bias, prepared=None):
     _layer_devices("grouped_mlp_forward", x, None, None, offsets, probs, w1, b1, w2, b2)
     E, F, H = _dims(w1)
     T = x.shape[0]
@@ -81,7 +93,7 @@ def _backward_common(dy, saved, w1, recipe, defer_wgrad):
 
 @torch.library.register_fake("mxmoe::grouped_mlp_backward")
 def _grouped_mlp_backward(dy, saved, x, offsets, probs, w1, b1, w2, b2, recipe, activation, limit, alpha,
-                          linear_offset, glu_layout, scale_fc2_bias, defer_wgrad):
+                          linear_offset, glu_layout, scale_fc2_bias, defer_wgrad, prepared=None):
     _layer_devices("grouped_mlp_backward", x, dy, saved, offsets, probs, w1, b1, w2, b2)
     E, F, H, dx, dprobs, deferred = _backward_common(dy, saved, w1, recipe, defer_wgrad)
     bf = torch.bfloat16
@@ -95,7 +107,7 @@ def _grouped_mlp_backward(dy, saved, x, offsets, probs, w1, b1, w2, b2, recipe, 
 @torch.library.register_fake("mxmoe::grouped_mlp_backward_")
 def _grouped_mlp_backward_(dy, saved, x, offsets, probs, w1, b1, w2, b2, recipe, activation, limit, alpha,
                            linear_offset, glu_layout, scale_fc2_bias, defer_wgrad, main_grad_w1, main_grad_w2,
-                           main_grad_b1, main_grad_b2, deferred):
+                           main_grad_b1, main_grad_b2, deferred, prepared=None):
     _layer_devices("grouped_mlp_backward_", x, dy, saved, offsets, probs, w1, b1, w2, b2,
                    ("main_grad_w1", main_grad_w1), ("main_grad_w2", main_grad_w2), ("main_grad_b1", main_grad_b1),
                    ("main_grad_b2", main_grad_b2), ("deferred", deferred))

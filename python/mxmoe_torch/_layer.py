@@ -2,8 +2,23 @@
 autograd through torch.ops.mxmoe.grouped_mlp_{forward,backward}.
 
 What forward saves is a list of real tensors (FC1 output C, and A or the column-wise MXFP8 copies
-of X and A), so the layer traces under torch.compile and replays in CUDA graphs. Two training
-conveniences run in eager mode only:
+of X and A), so the layer traces under torch.compile and replays in CUDA graphs.
+
+Weights quantized once per version (recipe "mxfp8"): the module keeps the MXFP8 row- and
+column-wise copies of W1 and W2 (torch.ops.mxmoe.grouped_mlp_prepare_weights, an opaque
+torch.classes.mxmoe.PreparedWeights in memory from PyTorch's allocator) and hands them to the forward
+and backward ops, which then skip their per-call weight quantize steps, bit-identically. The copies
+are keyed by the weights' version counters (and storage, device, dtype, shape, stream) and by the
+number of torch.optim steps taken: an in-place update of the parameter (copy_ under no_grad,
+load_state_dict, an optimizer step) bumps its version, and the next forward prepares again. The
+step count is there because the fused optimizers (fused=True) write the parameters without bumping
+their versions; any torch.optim step (of any optimizer) therefore invalidates every module's copies.
+Writes that bypass both (through `.data`, a collective writing the storage directly, an optimizer
+outside torch.optim) are not seen: call release_prepared_weights() after them, or construct with
+cache_prepared_weights=False. The cache is bypassed (weights quantized per call, as before) under
+torch.compile and while capturing a CUDA graph.
+
+Two training conveniences run in eager mode only:
   - accumulate_into_main_grad: dW and db are added (beta 1) into fp32 `param.main_grad` buffers
     by the mutable op; the parameters get no .grad.
   - delay_wgrad_compute: backward computes dx, dprobs and db; the weight gradients wait for
@@ -15,6 +30,7 @@ import numbers
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ._checks import check_devices
 from ._fake import deferred_buffers
@@ -51,6 +67,43 @@ def offsets_from_counts(counts, *, check_values=None):
     return nn.functional.pad(torch.cumsum(counts, 0, dtype=torch.int32), (1, 0))
 
 
+# torch.optim steps taken so far, counted by a global step post-hook: part of the prepared-weights
+# key, since the fused optimizers (torch._fused_adam_, _fused_sgd_, ...: fused=True) update the
+# parameters in place without bumping their version counters.
+_optimizer_steps = 0
+
+
+def _count_optimizer_step(optimizer, args, kwargs):
+    global _optimizer_steps
+    _optimizer_steps += 1
+
+
+register_optimizer_step_post_hook(_count_optimizer_step)
+
+
+class _PreparedCache:
+    """The module's prepared weights and the key they were made for. Copies of the module (deepcopy,
+    pickle) start without them: the object is tied to this module's weight storage and is rebuilt on
+    the next forward."""
+
+    __slots__ = ("key", "weights")
+
+    def __init__(self):
+        self.key = None
+        self.weights = None
+
+    def __deepcopy__(self, memo):
+        return _PreparedCache()
+
+    def __reduce__(self):
+        return (_PreparedCache, ())
+
+
+def _traced(t):
+    # Fake or meta tensors (a tracer outside torch.compile): nothing real to quantize.
+    return t.device.type == "meta" or torch._subclasses.fake_tensor.is_fake(t)
+
+
 class _WgradSink:
     """Where the eager-only modes put the weight gradients: main-grad buffers and/or a FIFO."""
 
@@ -61,27 +114,31 @@ class _WgradSink:
 
 class _GroupedMLPFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, offsets, probs, w1, b1, w2, b2, config, sink):
-        y, saved = _ops.grouped_mlp_forward(x, offsets, probs, w1, b1, w2, b2, *config)
+    def forward(ctx, x, offsets, probs, w1, b1, w2, b2, config, sink, prepared):
+        y, saved = _ops.grouped_mlp_forward(x, offsets, probs, w1, b1, w2, b2, *config, prepared)
         # The mxfp8 backward reads X only through its column-wise MXFP8 copy: x is not kept.
         keep_x = x if config[0] == "bf16" else None
         ctx.save_for_backward(keep_x, offsets, probs, w1, b1, w2, b2, *saved)
         ctx.config = config
         ctx.sink = sink
+        # The prepared weights of this forward's w1 and w2 (or None): backward reads their
+        # column-wise copies. Kept here, they outlive a rebuild or release of the module's cache.
+        ctx.prepared = prepared
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, offsets, probs, w1, b1, w2, b2, *saved = ctx.saved_tensors
-        config, sink = ctx.config, ctx.sink
+        config, sink, prepared = ctx.config, ctx.sink, ctx.prepared
         dy = dy.contiguous()
         inputs = (x, offsets, probs, w1, b1, w2, b2)
         if sink is None:
-            dx, dprobs, dw1, dw2, db1, db2, _ = _ops.grouped_mlp_backward(dy, saved, *inputs, *config, False)
+            dx, dprobs, dw1, dw2, db1, db2, _ = _ops.grouped_mlp_backward(dy, saved, *inputs, *config, False,
+                                                                          prepared)
         else:
-            dx, dprobs, dw1, dw2, db1, db2 = _sink_backward(sink, dy, saved, inputs, config)
+            dx, dprobs, dw1, dw2, db1, db2 = _sink_backward(sink, dy, saved, inputs, config, prepared)
         return (dx, None, dprobs, dw1, db1 if b1 is not None else None, dw2, db2 if b2 is not None else None,
-                None, None)
+                None, None, None)
 
 
 def _main_grad(param, name):
@@ -92,7 +149,7 @@ def _main_grad(param, name):
     return grad
 
 
-def _sink_backward(sink, dy, saved, inputs, config):
+def _sink_backward(sink, dy, saved, inputs, config, prepared):
     m = sink.module
     defer = m.delay_wgrad_compute
     x, offsets, probs, w1, b1, w2, b2 = inputs
@@ -101,10 +158,11 @@ def _sink_backward(sink, dy, saved, inputs, config):
               _main_grad(m.b1, "b1") if b1 is not None else None, _main_grad(m.b2, "b2") if b2 is not None else None]
         E, F, H = w1.shape[0], w2.shape[2], w2.shape[1]
         deferred = deferred_buffers(dy, config[0], saved[0].shape[0], E, F, H) if defer else []
-        dx, dprobs = _ops.grouped_mlp_backward_(dy, saved, *inputs, *config, defer, *mg, deferred)
+        dx, dprobs = _ops.grouped_mlp_backward_(dy, saved, *inputs, *config, defer, *mg, deferred, prepared)
         dw1 = dw2 = db1 = db2 = None
     else:
-        dx, dprobs, dw1, dw2, db1, db2, deferred = _ops.grouped_mlp_backward(dy, saved, *inputs, *config, defer)
+        dx, dprobs, dw1, dw2, db1, db2, deferred = _ops.grouped_mlp_backward(dy, saved, *inputs, *config, defer,
+                                                                             prepared)
     if defer:
         dw1 = dw2 = None
         # saved[0] (C) is not needed by the wgrad: only the operands travel.
@@ -183,11 +241,19 @@ class GroupedMLP(nn.Module):
     Parameters: w1 [E, 2F, H], w2 [E, H, F] (bf16), b1 [E, 2F], b2 [E, H] when bias.
     activation: "swiglu" or "clamped_swiglu" (GPT-OSS: limit, alpha, linear_offset);
     glu_layout: "halves" (a = C[:, :F], b = C[:, F:]) or "interleave32"; recipe: "mxfp8" or "bf16".
+
+    cache_prepared_weights (mxfp8): keep W1 and W2 quantized (row- and column-wise MXFP8, about the
+    bf16 weights' size again, `prepared_weights_bytes`) from one forward to the next and for backward,
+    rebuilt when an in-place update bumps a weight's version counter, after any torch.optim step, or
+    when the weights' storage, device or dtype changes; release_prepared_weights() drops them. Results
+    are bit-identical with and without. Updates that bypass both (`w1.data.copy_(...)`, a collective
+    writing the storage, an optimizer outside torch.optim) are not seen: release after them, or pass
+    False.
     """
 
     def __init__(self, hidden, ffn, experts, activation="swiglu", glu_layout="halves", bias=False, recipe="mxfp8", *,
                  scale_fc2_bias=False, limit=7.0, alpha=1.702, linear_offset=1.0, accumulate_into_main_grad=False,
-                 delay_wgrad_compute=False, device=None, dtype=torch.bfloat16):
+                 delay_wgrad_compute=False, cache_prepared_weights=True, device=None, dtype=torch.bfloat16):
         super().__init__()
         hidden, ffn, experts, limit, alpha, linear_offset = _validate_config(
             hidden, ffn, experts, activation, glu_layout, bias, recipe, scale_fc2_bias, limit, alpha, linear_offset,
@@ -196,6 +262,10 @@ class GroupedMLP(nn.Module):
         self.config = (recipe, activation, limit, alpha, linear_offset, glu_layout, scale_fc2_bias)
         self.accumulate_into_main_grad = accumulate_into_main_grad
         self.delay_wgrad_compute = delay_wgrad_compute
+        if not isinstance(cache_prepared_weights, bool):
+            raise TypeError(f"mxmoe: GroupedMLP: cache_prepared_weights must be a bool, got {cache_prepared_weights!r}")
+        self.cache_prepared_weights = cache_prepared_weights
+        self._prepared = _PreparedCache()
         kw = {"device": device, "dtype": dtype}
         self.w1 = nn.Parameter(torch.empty(experts, 2 * ffn, hidden, **kw))
         self.w2 = nn.Parameter(torch.empty(experts, hidden, ffn, **kw))
@@ -216,6 +286,58 @@ class GroupedMLP(nn.Module):
                 if b is not None:
                     b.zero_()
 
+    @property
+    def prepared_weights_bytes(self):
+        """Bytes of the cached prepared weights (0 when none is held: bf16 recipe, before the first
+        forward, after release_prepared_weights(), or with cache_prepared_weights=False)."""
+        w = self._prepared.weights
+        return w.bytes() if w is not None else 0
+
+    def release_prepared_weights(self):
+        """Drops the cached prepared weights; the next forward prepares them again. Memory goes back
+        to PyTorch's allocator once no pending backward still holds the object."""
+        self._prepared = _PreparedCache()
+
+    def _apply(self, fn, *args, **kwargs):
+        # .to(), .cuda(), .float(), ...: the parameters move or change, so the copies are stale.
+        self.release_prepared_weights()
+        return super()._apply(fn, *args, **kwargs)
+
+    def _prepared_weights(self):
+        """The prepared weights for this forward and its backward (built or rebuilt when the key
+        changed), or None where the ops quantize the weights per call."""
+        if self.recipe != "mxfp8" or not self.cache_prepared_weights:
+            return None  # the bf16 recipe reads the weights as given: nothing to prepare
+        w1, w2 = self.w1, self.w2
+        # torch.compile (and torch.export): the cache is Python state keyed by version counters,
+        # which a traced graph can neither guard on nor update; the opaque object would also have to
+        # be traced as a graph input. Compiled code quantizes per call, exactly as before.
+        if torch.compiler.is_compiling() or _traced(w1) or _traced(w2):
+            return None
+        # Inference tensors have no version counter, so an in-place update could not be seen.
+        if w1.is_inference() or w2.is_inference():
+            return None
+        stream = None
+        if w1.is_cuda:
+            # CUDA-graph capture: a replay re-runs only what was captured, so a graph reading these
+            # copies would keep reading them after an optimizer step changed the weights between
+            # replays. Captured, the weights are quantized inside the graph, per call.
+            if torch.cuda.is_current_stream_capturing():
+                return None
+            # Made on the current stream, so this forward (and backward, on the same stream) is
+            # ordered after the copies are written; another stream gets its own copies.
+            stream = torch.cuda.current_stream(w1.device).cuda_stream
+        key = (w1._version, w2._version, _optimizer_steps, w1.device, w2.device, w1.dtype, w2.dtype, w1.data_ptr(),
+               w2.data_ptr(), tuple(w1.shape), tuple(w2.shape), stream, self.config)
+        cache = self._prepared
+        if cache.key != key or cache.weights is None:
+            # Drop the old copies first, so the two do not coexist (a pending backward keeps its own).
+            cache.weights = None
+            with torch.no_grad():
+                cache.weights = _ops.grouped_mlp_prepare_weights(w1, w2, *self.config)
+            cache.key = key
+        return cache.weights
+
     def allocate_main_grads(self):
         """Zeroed fp32 `main_grad` buffers on every parameter that has none."""
         for p in self.parameters():
@@ -232,7 +354,7 @@ class GroupedMLP(nn.Module):
         eager_only = self.accumulate_into_main_grad or self.delay_wgrad_compute
         return _GroupedMLPFunction.apply(x.to(torch.bfloat16), offsets.to(torch.int32), probs.to(torch.float32),
                                          self.w1, self.b1, self.w2, self.b2, self.config,
-                                         self._sink if eager_only else None)
+                                         self._sink if eager_only else None, self._prepared_weights())
 
     def backward_dw(self):
         """Runs the weight gradients that delay_wgrad_compute deferred, oldest first."""
@@ -248,5 +370,10 @@ class GroupedMLP(nn.Module):
 
     def extra_repr(self):
         recipe, activation, _, _, _, glu_layout, _ = self.config
-        return (f"hidden={self.hidden}, ffn={self.ffn}, experts={self.experts}, recipe={recipe}, "
+        text = (f"hidden={self.hidden}, ffn={self.ffn}, experts={self.experts}, recipe={recipe}, "
                 f"activation={activation}, glu_layout={glu_layout}, bias={self.b1 is not None}")
+        if recipe == "mxfp8":
+            text += f", cache_prepared_weights={self.cache_prepared_weights}"
+            if self.prepared_weights_bytes:
+                text += f", prepared_weights_bytes={self.prepared_weights_bytes}"
+        return text

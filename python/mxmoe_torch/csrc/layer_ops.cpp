@@ -1,11 +1,17 @@
 // The grouped-MLP layer as functional torch ops (plus main-grad variants that mutate fp32 buffers).
 // Everything forward keeps for backward, and a deferred backward for the wgrad, is a torch tensor
 // allocated here and handed to the library as caller-owned StateBuffers, so autograd (or a traced
-// graph) owns the memory and nothing opaque crosses an op boundary. Group offsets stay on the device.
+// graph) owns the memory. Group offsets stay on the device. The one opaque object is the optional
+// prepared weights (a PreparedWeights custom class made by grouped_mlp_prepare_weights, library
+// memory from PyTorch's allocator); given, forward and backward read its quantized W1 and W2 and skip
+// their own weight quantize steps, bit-identically.
 //
-//   grouped_mlp_forward   (x, offsets, probs, w1, b1?, w2, b2?, scalars) -> y, saved
-//   grouped_mlp_backward  (dy, saved, x?, inputs, scalars, defer_wgrad) -> dx, dprobs, dw1, dw2, db1, db2, deferred
-//   grouped_mlp_backward_ (... , main_grad_w1!, main_grad_w2!, main_grad_b1!?, main_grad_b2!?, deferred!) -> dx, dprobs
+//   grouped_mlp_prepare_weights (w1, w2, scalars) -> PreparedWeights
+//   grouped_mlp_forward   (x, offsets, probs, w1, b1?, w2, b2?, scalars, prepared?) -> y, saved
+//   grouped_mlp_backward  (dy, saved, x?, inputs, scalars, defer_wgrad, prepared?)
+//                           -> dx, dprobs, dw1, dw2, db1, db2, deferred
+//   grouped_mlp_backward_ (... , main_grad_w1!, main_grad_w2!, main_grad_b1!?, main_grad_b2!?, deferred!, prepared?)
+//                           -> dx, dprobs
 //   grouped_mlp_wgrad     (x?, dy?, offsets, saved[1:], deferred, recipe) -> dw1, dw2
 //   grouped_mlp_wgrad_    (..., main_grad_w1!, main_grad_w2!) -> ()
 #include "layer_ops.h"
@@ -65,13 +71,19 @@ DeviceCheck layer_devices(const char* op, const std::optional<at::Tensor>& x, co
   return c;
 }
 
+// The library's view of an optional prepared-weights argument (an absent one: none).
+const PreparedWeights* prepared_of(const Prepared& prepared) {
+  return prepared && prepared->defined() ? (*prepared)->get() : nullptr;
+}
+
 // dx and dprobs, shared by both backward variants; `grads` and the `deferred` list come from the caller.
 struct BackwardRun {
   at::Tensor dx, dprobs;
 };
 
 BackwardRun run_backward(const at::Tensor& dy_in, at::TensorList saved, const LayerInputs& in, const Problem& p,
-                         bool defer_wgrad, const WeightGrads& grads, at::TensorList deferred) {
+                         bool defer_wgrad, const WeightGrads& grads, at::TensorList deferred,
+                         const Prepared& prepared) {
   const at::Tensor dy = dy_in.contiguous();
   const int64_t T = saved[0].size(0);
   BackwardRun r;
@@ -88,6 +100,7 @@ BackwardRun run_backward(const at::Tensor& dy_in, at::TensorList saved, const La
   ba.dprobs = view(r.dprobs);
   ba.grads = grads;
   ba.wgrad = defer_wgrad ? WgradMode::deferred : WgradMode::now;
+  ba.prepared = prepared_of(prepared);
   if (defer_wgrad) {
     add_deferred_buffers(state, p, deferred);
     backward(cc.get(), s, ba, state);
@@ -142,11 +155,30 @@ void run_wgrad(const std::optional<at::Tensor>& x_in, const std::optional<at::Te
 
 }  // namespace
 
+c10::intrusive_ptr<PreparedWeightsHolder> grouped_mlp_prepare_weights(const at::Tensor& w1_in, const at::Tensor& w2_in,
+                                                                      std::string recipe, std::string activation,
+                                                                      double limit, double alpha, double linear_offset,
+                                                                      std::string glu_layout, bool scale_fc2_bias) {
+  DeviceCheck("grouped_mlp_prepare_weights").add("w1", w1_in).add("w2", w2_in).check();
+  const at::Tensor w1 = w1_in.contiguous(), w2 = w2_in.contiguous();
+  // The prepared copies depend on hidden, ffn, experts, recipe and glu_layout only: the biases (and
+  // so scale_fc2_bias, which needs an FC2 bias) play no part.
+  (void)scale_fc2_bias;
+  const Problem p =
+      make_problem(w1, false, false, scalars(recipe, activation, limit, alpha, linear_offset, glu_layout, false));
+  WeightsArgs wa;
+  wa.w1.dense = view(w1);
+  wa.w2.dense = view(w2);
+  CallContext cc(w1);
+  // prepare_weights copies what it reads: w1 and w2 (and the contiguous copies above) may go.
+  return c10::make_intrusive<PreparedWeightsHolder>(prepare_weights(cc.get(), p, wa), w1.device());
+}
+
 std::tuple<at::Tensor, std::vector<at::Tensor>> grouped_mlp_forward(
     const at::Tensor& x_in, const at::Tensor& offsets, const at::Tensor& probs, const at::Tensor& w1,
     const std::optional<at::Tensor>& b1, const at::Tensor& w2, const std::optional<at::Tensor>& b2, std::string recipe,
     std::string activation, double limit, double alpha, double linear_offset, std::string glu_layout,
-    bool scale_fc2_bias) {
+    bool scale_fc2_bias, const Prepared& prepared) {
   layer_devices("grouped_mlp_forward", x_in, std::nullopt, {}, offsets, probs, w1, b1, w2, b2).check();
   const LayerInputs in(x_in, offsets, probs, w1, b1, w2, b2);
   const Problem p = in.problem(scalars(recipe, activation, limit, alpha, linear_offset, glu_layout, scale_fc2_bias));
@@ -157,6 +189,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> grouped_mlp_forward(
   if (T == 0) return {y, saved};
   ForwardArgs fa = in.args();
   fa.y = view(y);
+  fa.prepared = prepared_of(prepared);
   CallContext cc(x);
   forward(cc.get(), p, fa, saved_buffers(p, saved));  // the SavedState it returns owns nothing
   return {y, saved};
@@ -167,7 +200,7 @@ grouped_mlp_backward(const at::Tensor& dy, at::TensorList saved, const std::opti
                      const at::Tensor& offsets, const at::Tensor& probs, const at::Tensor& w1,
                      const std::optional<at::Tensor>& b1, const at::Tensor& w2, const std::optional<at::Tensor>& b2,
                      std::string recipe, std::string activation, double limit, double alpha, double linear_offset,
-                     std::string glu_layout, bool scale_fc2_bias, bool defer_wgrad) {
+                     std::string glu_layout, bool scale_fc2_bias, bool defer_wgrad, const Prepared& prepared) {
   layer_devices("grouped_mlp_backward", x, dy, saved, offsets, probs, w1, b1, w2, b2).check();
   const LayerInputs in(x, offsets, probs, w1, b1, w2, b2);
   const Problem p = in.problem(scalars(recipe, activation, limit, alpha, linear_offset, glu_layout, scale_fc2_bias));
@@ -183,7 +216,7 @@ grouped_mlp_backward(const at::Tensor& dy, at::TensorList saved, const std::opti
   if (p.fc1_bias) g.db1 = view(db1);
   if (p.fc2_bias) g.db2 = view(db2);
   const std::vector<at::Tensor> deferred = defer_wgrad ? empty_deferred(p, saved[0].size(0), dy.options()) : std::vector<at::Tensor>{};
-  BackwardRun r = run_backward(dy, saved, in, p, defer_wgrad, g, deferred);
+  BackwardRun r = run_backward(dy, saved, in, p, defer_wgrad, g, deferred, prepared);
   if (saved[0].size(0) == 0) {  // no tokens: every gradient is zero
     for (at::Tensor* t : {&dw1, &dw2, &db1, &db2}) t->zero_();
   }
@@ -196,7 +229,7 @@ std::tuple<at::Tensor, at::Tensor> grouped_mlp_backward_(
     const std::optional<at::Tensor>& b2, std::string recipe, std::string activation, double limit, double alpha,
     double linear_offset, std::string glu_layout, bool scale_fc2_bias, bool defer_wgrad, at::Tensor& main_grad_w1,
     at::Tensor& main_grad_w2, const std::optional<at::Tensor>& main_grad_b1,
-    const std::optional<at::Tensor>& main_grad_b2, at::TensorList deferred) {
+    const std::optional<at::Tensor>& main_grad_b2, at::TensorList deferred, const Prepared& prepared) {
   layer_devices("grouped_mlp_backward_", x, dy, saved, offsets, probs, w1, b1, w2, b2)
       .add("main_grad_w1", main_grad_w1)
       .add("main_grad_w2", main_grad_w2)
@@ -216,7 +249,7 @@ std::tuple<at::Tensor, at::Tensor> grouped_mlp_backward_(
   }
   if (p.fc1_bias) g.db1 = view(*main_grad_b1);
   if (p.fc2_bias) g.db2 = view(*main_grad_b2);
-  BackwardRun r = run_backward(dy, saved, in, p, defer_wgrad, g, deferred);
+  BackwardRun r = run_backward(dy, saved, in, p, defer_wgrad, g, deferred, prepared);
   return {r.dx, r.dprobs};
 }
 

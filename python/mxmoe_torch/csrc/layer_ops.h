@@ -1,6 +1,8 @@
 // Kernels of the torch ops (registered for CPU and CUDA in registration.cpp; the library picks the
 // backend from the tensors' device). Argument order is the schema's.
 #pragma once
+#include <torch/custom_class.h>
+
 #include <optional>
 #include <string>
 #include <tuple>
@@ -10,19 +12,48 @@
 
 namespace mxmoe::torch_ext {
 
+// torch.classes.mxmoe.PreparedWeights: an opaque, reference-counted owner of a mxmoe::PreparedWeights
+// (the MXFP8 row- and column-wise copies of W1 and W2, in memory from PyTorch's allocator through
+// CallContext, made on the current stream of the weights' device). Python holds it; the layer ops
+// take it as an optional last argument and pass it as ForwardArgs::prepared / BackwardArgs::prepared.
+// Default-constructed it is empty (what the fake kernel of grouped_mlp_prepare_weights returns): a
+// layer op given an empty one fails naming `prepared`.
+class PreparedWeightsHolder : public torch::CustomClassHolder {
+ public:
+  PreparedWeightsHolder() = default;
+  PreparedWeightsHolder(PreparedWeights weights, c10::Device device) : weights_(std::move(weights)), device_(device) {}
+  int64_t bytes() const { return weights_.bytes(); }
+  bool valid() const { return weights_.valid(); }
+  std::string device() const { return valid() ? device_.str() : std::string(); }
+  // Fake-tensor tracing (opcheck, FakeTensorMode) hands fake kernels this real object: they never read it.
+  std::string tracing_mode() const { return "real"; }
+  const PreparedWeights* get() const { return &weights_; }
+
+ private:
+  PreparedWeights weights_;
+  c10::Device device_{c10::kCPU};
+};
+using Prepared = std::optional<c10::intrusive_ptr<PreparedWeightsHolder>>;
+
 // ---- layer (layer_ops.cpp) ----
+// w1 and w2 quantized once for the problem the scalars describe (biases play no part).
+c10::intrusive_ptr<PreparedWeightsHolder> grouped_mlp_prepare_weights(const at::Tensor& w1, const at::Tensor& w2,
+                                                                      std::string recipe, std::string activation,
+                                                                      double limit, double alpha, double linear_offset,
+                                                                      std::string glu_layout, bool scale_fc2_bias);
+
 std::tuple<at::Tensor, std::vector<at::Tensor>> grouped_mlp_forward(
     const at::Tensor& x, const at::Tensor& offsets, const at::Tensor& probs, const at::Tensor& w1,
     const std::optional<at::Tensor>& b1, const at::Tensor& w2, const std::optional<at::Tensor>& b2, std::string recipe,
     std::string activation, double limit, double alpha, double linear_offset, std::string glu_layout,
-    bool scale_fc2_bias);
+    bool scale_fc2_bias, const Prepared& prepared);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>>
 grouped_mlp_backward(const at::Tensor& dy, at::TensorList saved, const std::optional<at::Tensor>& x,
                      const at::Tensor& offsets, const at::Tensor& probs, const at::Tensor& w1,
                      const std::optional<at::Tensor>& b1, const at::Tensor& w2, const std::optional<at::Tensor>& b2,
                      std::string recipe, std::string activation, double limit, double alpha, double linear_offset,
-                     std::string glu_layout, bool scale_fc2_bias, bool defer_wgrad);
+                     std::string glu_layout, bool scale_fc2_bias, bool defer_wgrad, const Prepared& prepared);
 
 // `deferred` (mutated) is the caller's deferred-wgrad list, empty unless defer_wgrad: auto-functionalization
 // supports mutable list arguments but not list returns on a mutable op.
@@ -32,7 +63,7 @@ std::tuple<at::Tensor, at::Tensor> grouped_mlp_backward_(
     const std::optional<at::Tensor>& b2, std::string recipe, std::string activation, double limit, double alpha,
     double linear_offset, std::string glu_layout, bool scale_fc2_bias, bool defer_wgrad, at::Tensor& main_grad_w1,
     at::Tensor& main_grad_w2, const std::optional<at::Tensor>& main_grad_b1,
-    const std::optional<at::Tensor>& main_grad_b2, at::TensorList deferred);
+    const std::optional<at::Tensor>& main_grad_b2, at::TensorList deferred, const Prepared& prepared);
 
 std::tuple<at::Tensor, at::Tensor> grouped_mlp_wgrad(const std::optional<at::Tensor>& x,
                                                      const std::optional<at::Tensor>& dy, const at::Tensor& offsets,

@@ -1,6 +1,7 @@
 // Schemas of torch.ops.mxmoe.* and their CPU and CUDA kernels (one kernel each: the library picks
-// its backend from the data's device). Fake (meta) kernels for tracing live in Python
-// (mxmoe_torch/_fake.py), where symbolic shapes are plain arithmetic.
+// its backend from the data's device), and the custom class torch.classes.mxmoe.PreparedWeights.
+// Fake (meta) kernels for tracing live in Python (mxmoe_torch/_fake.py), where symbolic shapes are
+// plain arithmetic.
 #include <torch/library.h>
 
 #include "layer_ops.h"
@@ -11,17 +12,33 @@ namespace {
 #define MXMOE_LAYER_SCALARS \
   "str recipe, str activation, float limit, float alpha, float linear_offset, str glu_layout, bool scale_fc2_bias"
 #define MXMOE_LAYER_INPUTS "Tensor offsets, Tensor probs, Tensor w1, Tensor? b1, Tensor w2, Tensor? b2"
+#define MXMOE_PREPARED "__torch__.torch.classes.mxmoe.PreparedWeights"
 
 }  // namespace
 
 TORCH_LIBRARY(mxmoe, m) {
-  m.def("grouped_mlp_forward(Tensor x, " MXMOE_LAYER_INPUTS ", " MXMOE_LAYER_SCALARS ") -> (Tensor y, Tensor[] saved)");
+  using mxmoe::torch_ext::PreparedWeightsHolder;
+  // Registered before the schemas that name it.
+  m.class_<PreparedWeightsHolder>("PreparedWeights")
+      .def(torch::init<>())
+      .def("bytes", &PreparedWeightsHolder::bytes)
+      .def("valid", &PreparedWeightsHolder::valid)
+      .def("device", &PreparedWeightsHolder::device)
+      .def("tracing_mode", &PreparedWeightsHolder::tracing_mode)
+      // Identity (FakeTensorMode's dispatch cache compares the arguments it keys on).
+      .def("__eq__", [](const c10::intrusive_ptr<PreparedWeightsHolder>& self,
+                        const c10::intrusive_ptr<PreparedWeightsHolder>& other) { return self.get() == other.get(); });
+  m.def("grouped_mlp_prepare_weights(Tensor w1, Tensor w2, " MXMOE_LAYER_SCALARS ") -> " MXMOE_PREPARED);
+  // `prepared` (last, default None): grouped_mlp_prepare_weights's object for these w1 and w2.
+  m.def("grouped_mlp_forward(Tensor x, " MXMOE_LAYER_INPUTS ", " MXMOE_LAYER_SCALARS ", " MXMOE_PREPARED
+        "? prepared=None) -> (Tensor y, Tensor[] saved)");
   m.def("grouped_mlp_backward(Tensor dy, Tensor[] saved, Tensor? x, " MXMOE_LAYER_INPUTS ", " MXMOE_LAYER_SCALARS
-        ", bool defer_wgrad) -> (Tensor dx, Tensor dprobs, Tensor dw1, Tensor dw2, Tensor db1, Tensor db2, "
-        "Tensor[] deferred)");
+        ", bool defer_wgrad, " MXMOE_PREPARED "? prepared=None) -> (Tensor dx, Tensor dprobs, Tensor dw1, "
+        "Tensor dw2, Tensor db1, Tensor db2, Tensor[] deferred)");
   m.def("grouped_mlp_backward_(Tensor dy, Tensor[] saved, Tensor? x, " MXMOE_LAYER_INPUTS ", " MXMOE_LAYER_SCALARS
         ", bool defer_wgrad, Tensor(a!) main_grad_w1, Tensor(b!) main_grad_w2, Tensor(c!)? main_grad_b1, "
-        "Tensor(d!)? main_grad_b2, Tensor(e!)[] deferred) -> (Tensor dx, Tensor dprobs)");
+        "Tensor(d!)? main_grad_b2, Tensor(e!)[] deferred, " MXMOE_PREPARED "? prepared=None) "
+        "-> (Tensor dx, Tensor dprobs)");
   m.def("grouped_mlp_wgrad(Tensor? x, Tensor? dy, Tensor offsets, Tensor[] saved_tail, Tensor[] deferred, "
         "str recipe) -> (Tensor dw1, Tensor dw2)");
   m.def("grouped_mlp_wgrad_(Tensor? x, Tensor? dy, Tensor offsets, Tensor[] saved_tail, Tensor[] deferred, "
@@ -42,6 +59,7 @@ namespace {
 
 void register_kernels(torch::Library& m) {
   using namespace mxmoe::torch_ext;
+  m.impl("grouped_mlp_prepare_weights", &grouped_mlp_prepare_weights);
   m.impl("grouped_mlp_forward", &grouped_mlp_forward);
   m.impl("grouped_mlp_backward", &grouped_mlp_backward);
   m.impl("grouped_mlp_backward_", &grouped_mlp_backward_);

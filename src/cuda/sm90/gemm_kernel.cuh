@@ -102,15 +102,18 @@ __device__ __forceinline__ int64_t pair_count(const KernelParams& p) {
 // band's A rows (16 x 128 x K) stay in L2 while its n-tiles go by.
 inline constexpr int32_t kRasterBand = 16;
 
-// (m_pair, n_tile) of linear index `i` over m_pairs x n_tiles in that raster.
+// (m_pair, n_tile) of linear index `i` over m_pairs x n_tiles in that raster; a band is
+// kRasterBand m-tiles whatever the cluster size (kRasterBand / kCluster pairs).
+template <int kCluster>
 __device__ __forceinline__ void raster(int64_t i, int32_t m_pairs, int32_t n_tiles, int32_t& m_pair, int32_t& n_tile) {
-  const int64_t per_band = static_cast<int64_t>(kRasterBand) * n_tiles;
+  constexpr int32_t kBand = kRasterBand / kCluster;
+  const int64_t per_band = static_cast<int64_t>(kBand) * n_tiles;
   const int32_t band = static_cast<int32_t>(i / per_band);
   const int32_t rem = static_cast<int32_t>(i - band * per_band);
-  const int32_t left = m_pairs - band * kRasterBand;
-  const int32_t size = left < kRasterBand ? left : kRasterBand;
+  const int32_t left = m_pairs - band * kBand;
+  const int32_t size = left < kBand ? left : kBand;
   n_tile = rem / size;
-  m_pair = band * kRasterBand + (rem - n_tile * size);
+  m_pair = band * kBand + (rem - n_tile * size);
 }
 
 template <Grouping G, int kCluster>
@@ -122,7 +125,7 @@ __device__ __forceinline__ Tile tile_at(const KernelParams& p, int64_t pidx, uin
     const int64_t per_expert = static_cast<int64_t>(m_pairs) * p.n_tiles;
     t.expert = static_cast<int32_t>(pidx / per_expert);
     int32_t m_pair;
-    raster(pidx - t.expert * per_expert, m_pairs, p.n_tiles, m_pair, t.n_tile);
+    raster<kCluster>(pidx - t.expert * per_expert, m_pairs, p.n_tiles, m_pair, t.n_tile);
     t.m_tile = m_pair * kCluster + static_cast<int32_t>(rank);
     t.live = t.m_tile < p.m_tiles;
     t.b_expert = t.expert;
@@ -135,7 +138,7 @@ __device__ __forceinline__ Tile tile_at(const KernelParams& p, int64_t pidx, uin
     t.k_blocks = static_cast<int32_t>((t.k_end - t.k0 + kBlockK - 1) / kBlockK);
   } else {
     int32_t m_pair;
-    raster(pidx, (m_count + kCluster - 1) / kCluster, p.n_tiles, m_pair, t.n_tile);
+    raster<kCluster>(pidx, (m_count + kCluster - 1) / kCluster, p.n_tiles, m_pair, t.n_tile);
     t.m_tile = m_pair * kCluster + static_cast<int32_t>(rank);
     const TileInfo mine = t.m_tile < m_count ? s.tiles[t.m_tile] : TileInfo{-1, 0};
     TileInfo other = mine;
@@ -330,10 +333,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int ctid = threadIdx.x - 128;  // 0..255
     int stage = 0;
     uint32_t phase = 0;
+    // One arrival per consumer warp group on each CTA of the cluster, from different lanes (lane r
+    // signals CTA r, as CUTLASS spreads them), so no thread issues two.
     auto release = [&](int s) {
-      if ((ctid % 128) == 0) {
-        mbar_arrive(&empty[s]);
-        if constexpr (kCluster > 1) mbar_arrive_cluster(&empty[s], rank ^ 1);
+      const int lane = ctid % 128;
+      if constexpr (kCluster == 1) {
+        if (lane == 0) mbar_arrive(&empty[s]);
+      } else {
+        if (lane < kCluster) mbar_arrive_cluster(&empty[s], static_cast<uint32_t>(lane));
       }
     };
     for (int64_t idx = first; idx < total; idx += step) {

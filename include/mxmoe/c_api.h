@@ -174,6 +174,53 @@ MXMOE_API mxmoe_status mxmoe_prepare_weights(mxmoe_context ctx, const mxmoe_prob
 MXMOE_API int64_t mxmoe_prepared_weights_bytes(mxmoe_prepared_weights prepared);
 MXMOE_API void mxmoe_prepared_weights_destroy(mxmoe_prepared_weights prepared);
 
+/* Token permute and unpermute around the grouped MLP (mxmoe/permute.h; docs/numerics.md "Permute
+ * and unpermute"). Optional tensors are absent with data NULL and rank 0. Rows are sorted by
+ * expert, then token, then slot; with capacity >= 0 each expert keeps its first `capacity` rows
+ * (row_map -1 for the rest); ids outside [0, experts) are dropped and counted in `invalid`. The
+ * router probabilities are not applied (the grouped MLP applies them). The report's steps are
+ * "route_tokens", "permute_rows" and "unpermute_rows". */
+typedef struct mxmoe_permute_args {
+  size_t struct_size;
+  mxmoe_tensor x;          /* bf16 [T, H] */
+  mxmoe_tensor expert_ids; /* i32 [T, K] */
+  mxmoe_tensor probs;      /* optional f32 [T, K] */
+  int64_t experts;         /* E >= 1 */
+  int64_t capacity;        /* rows kept per expert; -1: every row */
+  mxmoe_tensor offsets;    /* out i32 [E+1] */
+  mxmoe_tensor permuted_x; /* out bf16 [R, H], R >= mxmoe_permuted_rows_bound(); rows past offsets[E] untouched */
+  mxmoe_tensor row_map;    /* out i32 [T, K] */
+  mxmoe_tensor permuted_probs; /* out f32 [R], given exactly when probs is */
+  mxmoe_tensor invalid;        /* optional out i32 [1] */
+} mxmoe_permute_args;
+
+/* y[t] = bf16(fp32 sum over k of permuted_y[row_map[t, k]]); also permute's backward (dx, and
+ * d_probs through probs). */
+typedef struct mxmoe_unpermute_args {
+  size_t struct_size;
+  mxmoe_tensor permuted_y;     /* bf16 [R, H] */
+  mxmoe_tensor row_map;        /* i32 [T, K] */
+  mxmoe_tensor permuted_probs; /* optional f32 [R] */
+  mxmoe_tensor y;              /* out bf16 [T, H] */
+  mxmoe_tensor probs;          /* out f32 [T, K], given exactly when permuted_probs is */
+} mxmoe_unpermute_args;
+
+/* permuted_x[row_map[t, k]] = x[t] for an existing row_map; also unpermute's backward. */
+typedef struct mxmoe_permute_by_map_args {
+  size_t struct_size;
+  mxmoe_tensor x;              /* bf16 [T, H] */
+  mxmoe_tensor row_map;        /* i32 [T, K] */
+  mxmoe_tensor probs;          /* optional f32 [T, K] */
+  mxmoe_tensor permuted_x;     /* out bf16 [R, H] */
+  mxmoe_tensor permuted_probs; /* out f32 [R], given exactly when probs is */
+} mxmoe_permute_by_map_args;
+
+/* Rows permuted_x needs at least: tokens * top_k, or min(tokens * top_k, experts * capacity). */
+MXMOE_API int64_t mxmoe_permuted_rows_bound(int64_t tokens, int64_t top_k, int64_t experts, int64_t capacity);
+MXMOE_API mxmoe_status mxmoe_permute_tokens(mxmoe_context ctx, const mxmoe_permute_args* args);
+MXMOE_API mxmoe_status mxmoe_unpermute_tokens(mxmoe_context ctx, const mxmoe_unpermute_args* args);
+MXMOE_API mxmoe_status mxmoe_permute_by_map(mxmoe_context ctx, const mxmoe_permute_by_map_args* args);
+
 #ifdef __cplusplus
 }
 #endif

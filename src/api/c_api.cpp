@@ -297,4 +297,58 @@ int64_t mxmoe_prepared_weights_bytes(mxmoe_prepared_weights prepared) {
 }
 void mxmoe_prepared_weights_destroy(mxmoe_prepared_weights prepared) { delete prepared; }
 
+int64_t mxmoe_permuted_rows_bound(int64_t tokens, int64_t top_k, int64_t experts, int64_t capacity) {
+  return permuted_rows_bound(tokens, top_k, experts, capacity);
+}
+
+mxmoe_status mxmoe_permute_tokens(mxmoe_context ctx, const mxmoe_permute_args* a) {
+  return guarded([&] {
+    require(ctx, "ctx");
+    require(a, "args");
+    check_struct(a->struct_size, sizeof(mxmoe_permute_args), "args");
+    const PermuteArgs p{.x = view(a->x, "x"),
+                        .expert_ids = view(a->expert_ids, "expert_ids"),
+                        .probs = view(a->probs, "probs"),
+                        .experts = a->experts,
+                        .capacity = a->capacity,
+                        .offsets = view(a->offsets, "offsets"),
+                        .permuted_x = view(a->permuted_x, "permuted_x"),
+                        .row_map = view(a->row_map, "row_map"),
+                        .permuted_probs = view(a->permuted_probs, "permuted_probs"),
+                        .invalid = view(a->invalid, "invalid")};
+    ctx->ctx.clear_report();
+    permute_tokens(ctx->ctx, p);
+  });
+}
+
+mxmoe_status mxmoe_unpermute_tokens(mxmoe_context ctx, const mxmoe_unpermute_args* a) {
+  return guarded([&] {
+    require(ctx, "ctx");
+    require(a, "args");
+    check_struct(a->struct_size, sizeof(mxmoe_unpermute_args), "args");
+    const UnpermuteArgs u{.permuted_y = view(a->permuted_y, "permuted_y"),
+                          .row_map = view(a->row_map, "row_map"),
+                          .permuted_probs = view(a->permuted_probs, "permuted_probs"),
+                          .y = view(a->y, "y"),
+                          .probs = view(a->probs, "probs")};
+    ctx->ctx.clear_report();
+    unpermute_tokens(ctx->ctx, u);
+  });
+}
+
+mxmoe_status mxmoe_permute_by_map(mxmoe_context ctx, const mxmoe_permute_by_map_args* a) {
+  return guarded([&] {
+    require(ctx, "ctx");
+    require(a, "args");
+    check_struct(a->struct_size, sizeof(mxmoe_permute_by_map_args), "args");
+    const PermuteByMapArgs m{.x = view(a->x, "x"),
+                             .row_map = view(a->row_map, "row_map"),
+                             .probs = view(a->probs, "probs"),
+                             .permuted_x = view(a->permuted_x, "permuted_x"),
+                             .permuted_probs = view(a->permuted_probs, "permuted_probs")};
+    ctx->ctx.clear_report();
+    permute_by_map(ctx->ctx, m);
+  });
+}
+
 }  // extern "C"

@@ -4,7 +4,7 @@
  * destroyed in every order (c_api.h "Lifetimes"; also run under AddressSanitizer when the build
  * can, CApi.LifetimesUnderAddressSanitizer); out of memory -> MXMOE_ERROR_OUT_OF_MEMORY; prepared
  * weights bit-identical to quantizing per call, refused when made for another problem, and
- * destroyed before or after the contexts and states around them. */
+ * destroyed before or after the contexts and states around them; token permute -> unpermute. */
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -256,6 +256,90 @@ static void prepared_weights(const mxmoe_problem* p, const mxmoe_forward_args* f
   CHECK(other_pool.live == 0, "live bytes after every handle is gone: %lld", (long long)other_pool.live);
 }
 
+/* Token permute -> unpermute through the C ABI: every slot kept (K = 2), so y = 2 x exactly and the
+ * probs come back; permute_by_map moves the same rows; capacity -2 and an old struct_size are
+ * INVALID_ARGUMENT with nothing written; device data is UNAVAILABLE (no backend serves it yet). */
+static void permute_unpermute(mxmoe_context ctx) {
+  enum { PT = 5, PK = 2, PE = 3, PH = 8, PR = PT * PK };
+  /* 16-byte aligned, as device pointers must be (the last check claims the data is on a GPU). */
+  _Alignas(16) uint16_t x[PT * PH], permuted[PR * PH], permuted2[PR * PH], before[PR * PH], y[PT * PH];
+  _Alignas(16) int32_t ids[PT * PK], offsets[PE + 1], row_map[PT * PK], invalid[1] = {-7};
+  _Alignas(16) float probs[PT * PK], pprobs[PR], pprobs2[PR], back[PT * PK];
+  unsigned seed = 7u;
+  for (int i = 0; i < PT * PH; ++i) x[i] = bf16(urand(&seed, -1, 1));
+  for (int t = 0; t < PT; ++t) ids[t * PK] = t % PE, ids[t * PK + 1] = (t + 1) % PE;
+  for (int i = 0; i < PT * PK; ++i) probs[i] = urand(&seed, 0, 1);
+  memset(permuted, 0xFF, sizeof permuted);
+  CHECK(mxmoe_permuted_rows_bound(PT, PK, PE, -1) == PR, "bound without capacity");
+  CHECK(mxmoe_permuted_rows_bound(PT, PK, PE, 2) == 6, "bound with capacity 2");
+
+  mxmoe_permute_args a;
+  memset(&a, 0, sizeof a);
+  a.struct_size = sizeof a;
+  a.x = tensor(x, MXMOE_BF16, 2, PT, PH, 0);
+  a.expert_ids = tensor(ids, MXMOE_I32, 2, PT, PK, 0);
+  a.probs = tensor(probs, MXMOE_F32, 2, PT, PK, 0);
+  a.experts = PE;
+  a.capacity = -1;
+  a.offsets = tensor(offsets, MXMOE_I32, 1, PE + 1, 0, 0);
+  a.permuted_x = tensor(permuted, MXMOE_BF16, 2, PR, PH, 0);
+  a.row_map = tensor(row_map, MXMOE_I32, 2, PT, PK, 0);
+  a.permuted_probs = tensor(pprobs, MXMOE_F32, 1, PR, 0, 0);
+  a.invalid = tensor(invalid, MXMOE_I32, 1, 1, 0, 0);
+  CHECK(mxmoe_permute_tokens(ctx, &a) == MXMOE_OK, "%s", mxmoe_last_error());
+  const char* ran = mxmoe_context_step_backend(ctx, "route_tokens");
+  CHECK(ran != NULL && strcmp(ran, "cpu") == 0, "backend of route_tokens: %s", ran ? ran : "(none)");
+  CHECK(offsets[0] == 0 && offsets[PE] == PR && invalid[0] == 0, "offsets[E]=%d invalid=%d", offsets[PE], invalid[0]);
+  for (int e = 0; e < PE; ++e) CHECK(offsets[e] <= offsets[e + 1], "offsets not monotone at %d", e);
+  for (int i = 0; i < PT * PK; ++i) {
+    CHECK(row_map[i] >= 0 && row_map[i] < PR, "row_map[%d]=%d", i, row_map[i]);
+    if (row_map[i] < 0 || row_map[i] >= PR) continue;
+    CHECK(row_map[i] >= offsets[ids[i]] && row_map[i] < offsets[ids[i] + 1], "slot %d outside its expert", i);
+    CHECK(memcmp(&permuted[row_map[i] * PH], &x[(i / PK) * PH], PH * sizeof(uint16_t)) == 0, "row of slot %d", i);
+  }
+
+  mxmoe_unpermute_args u;
+  memset(&u, 0, sizeof u);
+  u.struct_size = sizeof u;
+  u.permuted_y = tensor(permuted, MXMOE_BF16, 2, PR, PH, 0);
+  u.row_map = a.row_map;
+  u.permuted_probs = a.permuted_probs;
+  u.y = tensor(y, MXMOE_BF16, 2, PT, PH, 0);
+  u.probs = tensor(back, MXMOE_F32, 2, PT, PK, 0);
+  CHECK(mxmoe_unpermute_tokens(ctx, &u) == MXMOE_OK, "%s", mxmoe_last_error());
+  for (int i = 0; i < PT * PH; ++i) CHECK(y[i] == bf16(2.0f * from_bf16(x[i])), "y[%d] is not 2 x", i);
+  for (int i = 0; i < PT * PK; ++i) CHECK(back[i] == probs[i], "probs[%d] did not come back", i);
+
+  mxmoe_permute_by_map_args m;
+  memset(&m, 0, sizeof m);
+  m.struct_size = sizeof m;
+  m.x = a.x;
+  m.row_map = a.row_map;
+  m.probs = a.probs;
+  m.permuted_x = tensor(permuted2, MXMOE_BF16, 2, PR, PH, 0);
+  m.permuted_probs = tensor(pprobs2, MXMOE_F32, 1, PR, 0, 0);
+  CHECK(mxmoe_permute_by_map(ctx, &m) == MXMOE_OK, "%s", mxmoe_last_error());
+  CHECK(memcmp(permuted2, permuted, sizeof permuted) == 0 && memcmp(pprobs2, pprobs, sizeof pprobs) == 0,
+        "permute_by_map moved other rows than permute_tokens");
+
+  memset(permuted, 0x5A, sizeof permuted);
+  memcpy(before, permuted, sizeof permuted);
+  a.capacity = -2;
+  CHECK(mxmoe_permute_tokens(ctx, &a) == MXMOE_ERROR_INVALID_ARGUMENT, "capacity -2");
+  CHECK(strstr(mxmoe_last_error(), "capacity: C=-2") != NULL, "message: %s", mxmoe_last_error());
+  a.capacity = -1;
+  a.struct_size = 8;
+  CHECK(mxmoe_permute_tokens(ctx, &a) == MXMOE_ERROR_INVALID_ARGUMENT, "struct_size");
+  CHECK(strstr(mxmoe_last_error(), "args.struct_size") != NULL, "message: %s", mxmoe_last_error());
+  a.struct_size = sizeof a;
+  a.x.device_type = a.expert_ids.device_type = a.probs.device_type = MXMOE_CUDA;
+  a.offsets.device_type = a.permuted_x.device_type = a.row_map.device_type = MXMOE_CUDA;
+  a.permuted_probs.device_type = a.invalid.device_type = MXMOE_CUDA;
+  CHECK(mxmoe_permute_tokens(ctx, &a) == MXMOE_ERROR_UNAVAILABLE, "device data: %s", mxmoe_last_error());
+  CHECK(strstr(mxmoe_last_error(), "route_tokens") != NULL, "message: %s", mxmoe_last_error());
+  CHECK(memcmp(permuted, before, sizeof permuted) == 0, "permuted_x written on error");
+}
+
 int main(void) {
   unsigned seed = 12345u;
   static uint16_t x[T * H], dy[T * H], w1[E * 2 * F * H], w2[E * H * F], y[T * H], y2[T * H], dx[T * H];
@@ -414,6 +498,7 @@ int main(void) {
 
   lifetimes(&p, &fa, &ba, &g);
   prepared_weights(&p, &fa, &ba, &g);
+  permute_unpermute(ctx);
 
   opt.backend = "no_such_backend";
   mxmoe_context bad = NULL;

@@ -72,10 +72,10 @@ void check_row_map_values(const TensorView& row_map, const std::string& name, in
 }
 
 // probs [T, K] and its permuted counterpart [R]: both given or both absent.
-bool check_probs_pair(const TensorView& probs, const std::string& probs_name, const TensorView& permuted,
+void check_probs_pair(const TensorView& probs, const std::string& probs_name, const TensorView& permuted,
                       const std::string& permuted_name, int64_t T, int64_t K, int64_t R, const CallDevice& d) {
   const bool have = probs.defined(), have_permuted = permuted.defined();
-  if (!have && !have_permuted) return false;
+  if (!have && !have_permuted) return;
   if (have != have_permuted) {
     const std::string& missing = have ? permuted_name : probs_name;
     const std::string& given = have ? probs_name : permuted_name;
@@ -83,7 +83,6 @@ bool check_probs_pair(const TensorView& probs, const std::string& probs_name, co
   }
   check_tensor(probs, probs_name, DType::f32, {T, K}, d);
   check_tensor(permuted, permuted_name, DType::f32, {R}, d);
-  return true;
 }
 
 }  // namespace
@@ -138,9 +137,9 @@ void unpermute_tokens(Context& ctx, const UnpermuteArgs& a) {
   check_tensor(a.y, "y", DType::bf16, {T, H}, d);
   check_probs_pair(a.probs, "probs", a.permuted_probs, "permuted_probs", T, K, R, d);
   check_row_map_values(a.row_map, "row_map", R, /*injective=*/false, d);
-  check_no_alias({region("y", a.y), region("probs", a.probs)},
-                 {region("permuted_y", a.permuted_y), region("row_map", a.row_map),
-                  region("permuted_probs", a.permuted_probs)});
+  check_no_alias(
+      {region("y", a.y), region("probs", a.probs)},
+      {region("permuted_y", a.permuted_y), region("row_map", a.row_map), region("permuted_probs", a.permuted_probs)});
   detail::select(ctx, {Step::unpermute_rows, d.device, Recipe::bf16, H, K}).unpermute_rows(ctx, a);
 }
 

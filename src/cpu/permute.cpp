@@ -41,8 +41,10 @@ void route_tokens(const detail::RouteTokensStep& s) {
   std::vector<int64_t> kept(static_cast<size_t>(E), 0);
   int64_t invalid = 0;
   for (int64_t i = 0; i < slots; ++i) {
-    if (valid(ids[i])) ++kept[ids[i]];
-    else ++invalid;
+    if (valid(ids[i]))
+      ++kept[ids[i]];
+    else
+      ++invalid;
   }
   int32_t* offsets = s.offsets.ptr<int32_t>();
   offsets[0] = 0;

@@ -35,7 +35,7 @@ struct StepQuery {
   Step step;
   Device device;          // where the data lives
   Recipe recipe = Recipe::bf16;
-  int64_t n = 0, k = 0;   // GEMM N and K (0 where not a GEMM)
+  int64_t n = 0, k = 0;   // GEMM N and K; the permute steps: H and top-k K (0 where neither)
   // The GEMM step itself, for probes that take only some of its shapes, layouts or outputs (set by
   // plan() and the ops entry points for gemm_m / gemm_k; valid only during the call).
   const MGemmStep* gemm_m = nullptr;

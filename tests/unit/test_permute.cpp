@@ -27,9 +27,12 @@ const Device kGpu{DeviceType::cuda, 0};
 HostTensor poisoned(DType t, std::initializer_list<int64_t> shape) {
   HostTensor h(t, shape);
   for (int64_t i = 0; i < h.numel(); ++i) {
-    if (t == DType::bf16) h.ptr<uint16_t>()[i] = kBf16Nan;
-    else if (t == DType::f32) h.ptr<float>()[i] = NAN;
-    else h.ptr<int32_t>()[i] = kIntPoison;
+    if (t == DType::bf16)
+      h.ptr<uint16_t>()[i] = kBf16Nan;
+    else if (t == DType::f32)
+      h.ptr<float>()[i] = NAN;
+    else
+      h.ptr<int32_t>()[i] = kIntPoison;
   }
   return h;
 }
@@ -48,8 +51,10 @@ RefRouting ref_route(const HostTensor& ids, int64_t E, int64_t capacity) {
   RefRouting r;
   for (int64_t i = 0; i < slots; ++i) {
     const int32_t e = ids.ptr<int32_t>()[i];
-    if (e >= 0 && e < E) entries.emplace_back(e, i);
-    else ++r.invalid;
+    if (e >= 0 && e < E)
+      entries.emplace_back(e, i);
+    else
+      ++r.invalid;
   }
   std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<int64_t> per_expert(static_cast<size_t>(E), 0);
@@ -92,7 +97,8 @@ struct Inputs {
 
 // Ids from a random half of the experts (so some stay empty), distinct per token where possible.
 Inputs make_inputs(const Case& c, std::mt19937_64& gen) {
-  Inputs in{HostTensor(DType::bf16, {c.T, c.H}), HostTensor(DType::i32, {c.T, c.K}), HostTensor(DType::f32, {c.T, c.K})};
+  Inputs in{HostTensor(DType::bf16, {c.T, c.H}), HostTensor(DType::i32, {c.T, c.K}),
+            HostTensor(DType::f32, {c.T, c.K})};
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   for (int64_t i = 0; i < in.x.numel(); ++i) in.x.ptr<uint16_t>()[i] = bf16_from_f32(u(gen));
   for (int64_t i = 0; i < in.probs.numel(); ++i) in.probs.ptr<float>()[i] = u(gen);
@@ -106,7 +112,8 @@ Inputs make_inputs(const Case& c, std::mt19937_64& gen) {
     std::shuffle(active.begin(), active.end(), gen);
     for (int64_t k = 0; k < c.K; ++k) {
       int32_t id = active[k % active.size()];
-      if (k >= static_cast<int64_t>(active.size())) id = active[std::uniform_int_distribution<size_t>(0, active.size() - 1)(gen)];
+      if (k >= static_cast<int64_t>(active.size()))
+        id = active[std::uniform_int_distribution<size_t>(0, active.size() - 1)(gen)];
       if (bad(gen)) id = bad_ids[std::uniform_int_distribution<int>(0, 2)(gen)];
       in.ids.ptr<int32_t>()[t * c.K + k] = id;
     }
@@ -170,10 +177,10 @@ const Case kCases[] = {
     {.T = 37, .K = 1, .E = 5, .capacity = -1, .H = 24},
     {.T = 37, .K = 2, .E = 16, .capacity = -1, .H = 40},
     {.T = 50, .K = 8, .E = 16, .capacity = -1, .H = 8},
-    {.T = 64, .K = 2, .E = 8, .capacity = 5, .H = 16},    // capacity drops (E*C < T*K)
+    {.T = 64, .K = 2, .E = 8, .capacity = 5, .H = 16},  // capacity drops (E*C < T*K)
     {.T = 64, .K = 8, .E = 32, .capacity = 3, .H = 16},
-    {.T = 9, .K = 8, .E = 8, .capacity = 0, .H = 8},      // capacity 0: every slot dropped
-    {.T = 0, .K = 2, .E = 3, .capacity = -1, .H = 16},    // no tokens
+    {.T = 9, .K = 8, .E = 8, .capacity = 0, .H = 8},    // capacity 0: every slot dropped
+    {.T = 0, .K = 2, .E = 3, .capacity = -1, .H = 16},  // no tokens
     {.T = 30, .K = 4, .E = 6, .capacity = 4, .H = 8, .invalid_fraction = 0.2},
     {.T = 2048, .K = 8, .E = 64, .capacity = -1, .H = 64},  // large enough for the OpenMP loops
 };
@@ -320,14 +327,16 @@ TEST(Permute, CapacityKeepsEachExpertsFirstRowsInTokenThenSlotOrder) {
   const Case c{.T = 4, .K = 2, .E = 3, .capacity = 2, .H = 2};
   Context ctx;
   const Permuted p = run_permute({x, ids, HostTensor(DType::f32, {4, 2})}, c, 6, ctx);
-  EXPECT_EQ(std::vector<int32_t>(p.offsets.ptr<int32_t>(), p.offsets.ptr<int32_t>() + 4), (std::vector<int32_t>{0, 2, 4, 5}));
+  EXPECT_EQ(std::vector<int32_t>(p.offsets.ptr<int32_t>(), p.offsets.ptr<int32_t>() + 4),
+            (std::vector<int32_t>{0, 2, 4, 5}));
   EXPECT_EQ(std::vector<int32_t>(p.row_map.ptr<int32_t>(), p.row_map.ptr<int32_t>() + 8),
             (std::vector<int32_t>{0, 2, 3, 4, 1, -1, -1, -1}));
   EXPECT_EQ(p.invalid.ptr<int32_t>()[0], 0);
   // Permuted rows come from tokens 0, 2 (expert 0), 0, 1 (expert 1), 1 (expert 2); row 5 untouched.
   const int64_t from[] = {0, 2, 0, 1, 1};
   for (int64_t r = 0; r < 5; ++r)
-    for (int64_t h = 0; h < 2; ++h) EXPECT_EQ(p.permuted_x.ptr<uint16_t>()[r * 2 + h], x.ptr<uint16_t>()[from[r] * 2 + h]);
+    for (int64_t h = 0; h < 2; ++h)
+      EXPECT_EQ(p.permuted_x.ptr<uint16_t>()[r * 2 + h], x.ptr<uint16_t>()[from[r] * 2 + h]);
   EXPECT_EQ(p.permuted_x.ptr<uint16_t>()[10], kBf16Nan);
 }
 
@@ -342,7 +351,8 @@ TEST(Permute, OutOfRangeIdsAreDroppedCountedAndTakeNoCapacity) {
   EXPECT_EQ(p.invalid.ptr<int32_t>()[0], 3);
   EXPECT_EQ(std::vector<int32_t>(p.row_map.ptr<int32_t>(), p.row_map.ptr<int32_t>() + 6),
             (std::vector<int32_t>{-1, 0, -1, 1, -1, -1}));
-  EXPECT_EQ(std::vector<int32_t>(p.offsets.ptr<int32_t>(), p.offsets.ptr<int32_t>() + 3), (std::vector<int32_t>{0, 2, 2}));
+  EXPECT_EQ(std::vector<int32_t>(p.offsets.ptr<int32_t>(), p.offsets.ptr<int32_t>() + 3),
+            (std::vector<int32_t>{0, 2, 2}));
 }
 
 TEST(Unpermute, OfPermuteIsKTimesXWhenEverySlotIsKept) {
@@ -357,8 +367,7 @@ TEST(Unpermute, OfPermuteIsKTimesXWhenEverySlotIsKept) {
     ASSERT_EQ(p.offsets.ptr<int32_t>()[c.E], c.T * c.K);
     const Unpermuted y = run_unpermute(p.permuted_x, p.row_map, HostTensor(), ctx);
     for (int64_t i = 0; i < c.T * c.H; ++i)  // K * x is exact in fp32 and, K a power of two, in bf16
-      ASSERT_EQ(y.y.ptr<uint16_t>()[i],
-                bf16_from_f32(static_cast<float>(K) * f32_from_bf16(in.x.ptr<uint16_t>()[i])))
+      ASSERT_EQ(y.y.ptr<uint16_t>()[i], bf16_from_f32(static_cast<float>(K) * f32_from_bf16(in.x.ptr<uint16_t>()[i])))
           << "element " << i;
   }
 }
@@ -379,8 +388,10 @@ TEST(Permute, RepeatedRunsAndThreadCountsGiveIdenticalBytes) {
   const Unpermuted yb = run_unpermute(b.permuted_x, b.row_map, b.permuted_probs, ctx);
   omp_set_num_threads(threads);
   const std::vector<std::pair<const HostTensor*, const HostTensor*>> pairs{
-      {&a.offsets, &b.offsets}, {&a.permuted_x, &b.permuted_x}, {&a.row_map, &b.row_map},
-      {&a.permuted_probs, &b.permuted_probs}, {&a.invalid, &b.invalid}, {&ya.y, &yb.y}, {&ya.probs, &yb.probs}};
+      {&a.offsets, &b.offsets}, {&a.permuted_x, &b.permuted_x},
+      {&a.row_map, &b.row_map}, {&a.permuted_probs, &b.permuted_probs},
+      {&a.invalid, &b.invalid}, {&ya.y, &yb.y},
+      {&ya.probs, &yb.probs}};
   for (const auto& [first, second] : pairs) EXPECT_TRUE(bytes_equal(first->view, second->view));
 }
 
@@ -392,7 +403,8 @@ TEST(Permute, HostDataRunsEveryStepOnTheCpuAndTheReportSaysSo) {
   const Permuted p = run_permute(in, c, 10, ctx);
   run_unpermute(p.permuted_x, p.row_map, HostTensor(), ctx);
   for (const char* step : {"route_tokens", "permute_rows", "unpermute_rows"}) {
-    auto it = std::find_if(ctx.report().begin(), ctx.report().end(), [&](const StepRecord& r) { return r.step == step; });
+    auto it =
+        std::find_if(ctx.report().begin(), ctx.report().end(), [&](const StepRecord& r) { return r.step == step; });
     ASSERT_NE(it, ctx.report().end()) << step;
     EXPECT_EQ(it->backend, "cpu") << step;
   }
@@ -402,7 +414,8 @@ TEST(Permute, HostDataRunsEveryStepOnTheCpuAndTheReportSaysSo) {
 // nothing written, never a crash; the CUDA backends refuse in their probes and on a direct call.
 TEST(Permute, DeviceDataIsRefusedByEveryBackendWithItsReason) {
   HostTensor x(DType::bf16, {4, 8}), ids(DType::i32, {4, 2});
-  HostTensor offsets = poisoned(DType::i32, {4}), px = poisoned(DType::bf16, {8, 8}), row_map = poisoned(DType::i32, {4, 2});
+  HostTensor offsets = poisoned(DType::i32, {4}), px = poisoned(DType::bf16, {8, 8}),
+             row_map = poisoned(DType::i32, {4, 2});
   std::fill(ids.ptr<int32_t>(), ids.ptr<int32_t>() + 8, 1);
   const HostTensor px_before = px, row_map_before = row_map;
   auto gpu = [](TensorView v) {
@@ -422,13 +435,16 @@ TEST(Permute, DeviceDataIsRefusedByEveryBackendWithItsReason) {
     EXPECT_EQ(e.argument(), "backend");
     const std::string what = e.what();
     EXPECT_NE(what.find("no backend can run step route_tokens on cuda:0"), std::string::npos) << what;
-    for (detail::Backend* b : detail::backends()) EXPECT_NE(what.find(std::string(b->name()) + ": "), std::string::npos) << what;
+    for (detail::Backend* b : detail::backends())
+      EXPECT_NE(what.find(std::string(b->name()) + ": "), std::string::npos) << what;
   }
   EXPECT_TRUE(bytes_equal(px.view, px_before.view));
   EXPECT_TRUE(bytes_equal(row_map.view, row_map_before.view));
   HostTensor y = poisoned(DType::bf16, {4, 8});
-  EXPECT_THROW(unpermute_tokens(ctx, {.permuted_y = gpu(px.view), .row_map = gpu(row_map.view), .y = gpu(y.view)}), Error);
-  EXPECT_THROW(permute_by_map(ctx, {.x = gpu(x.view), .row_map = gpu(row_map.view), .permuted_x = gpu(px.view)}), Error);
+  EXPECT_THROW(unpermute_tokens(ctx, {.permuted_y = gpu(px.view), .row_map = gpu(row_map.view), .y = gpu(y.view)}),
+               Error);
+  EXPECT_THROW(permute_by_map(ctx, {.x = gpu(x.view), .row_map = gpu(row_map.view), .permuted_x = gpu(px.view)}),
+               Error);
 
   for (detail::Backend* b : {detail::cuda_portable_backend(), detail::cuda_sm90_backend()}) {
     for (detail::Step s : {detail::Step::route_tokens, detail::Step::permute_rows, detail::Step::unpermute_rows}) {

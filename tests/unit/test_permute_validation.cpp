@@ -99,18 +99,18 @@ void expect_error(const std::function<void(F&)>& corrupt, const Run& run, const 
 
 void expect_permute_error(const std::function<void(PermuteFixture&)>& corrupt, const std::string& argument,
                           const std::string& fragment) {
-  expect_error<PermuteFixture>(corrupt, [](Context& c, const PermuteArgs& a) { permute_tokens(c, a); }, argument,
-                               fragment);
+  expect_error<PermuteFixture>(
+      corrupt, [](Context& c, const PermuteArgs& a) { permute_tokens(c, a); }, argument, fragment);
 }
 void expect_unpermute_error(const std::function<void(UnpermuteFixture&)>& corrupt, const std::string& argument,
                             const std::string& fragment) {
-  expect_error<UnpermuteFixture>(corrupt, [](Context& c, const UnpermuteArgs& a) { unpermute_tokens(c, a); },
-                                 argument, fragment);
+  expect_error<UnpermuteFixture>(
+      corrupt, [](Context& c, const UnpermuteArgs& a) { unpermute_tokens(c, a); }, argument, fragment);
 }
 void expect_by_map_error(const std::function<void(ByMapFixture&)>& corrupt, const std::string& argument,
                          const std::string& fragment) {
-  expect_error<ByMapFixture>(corrupt, [](Context& c, const PermuteByMapArgs& a) { permute_by_map(c, a); }, argument,
-                             fragment);
+  expect_error<ByMapFixture>(
+      corrupt, [](Context& c, const PermuteByMapArgs& a) { permute_by_map(c, a); }, argument, fragment);
 }
 
 TEST(PermuteValidation, TheFixturesAreValidCalls) {
@@ -183,7 +183,8 @@ TEST(PermuteValidation, CapacityLowersTheRowsPermutedXNeeds) {
 TEST(PermuteValidation, ProbsAndPermutedProbsComeTogether) {
   expect_permute_error([](auto& f) { f.a.permuted_probs = {}; }, "permuted_probs",
                        "missing (no data pointer) but probs is given");
-  expect_permute_error([](auto& f) { f.a.probs = {}; }, "probs", "missing (no data pointer) but permuted_probs is given");
+  expect_permute_error([](auto& f) { f.a.probs = {}; }, "probs",
+                       "missing (no data pointer) but permuted_probs is given");
   expect_permute_error([](auto& f) { f.a.probs.shape[1] = 1; }, "probs", "shape [6, 1] must be [6, 2]");
   expect_permute_error([](auto& f) { f.a.probs.dtype = DType::bf16; }, "probs", "dtype bf16 is not f32");
   expect_permute_error([](auto& f) { f.a.permuted_probs.shape[0] = kR + 1; }, "permuted_probs", "must be [12]");
@@ -210,7 +211,8 @@ TEST(UnpermuteValidation, ShapesAndDtypesAreChecked) {
   expect_unpermute_error([](auto& f) { f.a.y.shape[1] = kH + 8; }, "y", "must be [6, 16]");
   expect_unpermute_error([](auto& f) { f.a.row_map.shape[1] = 0; }, "row_map", "K=0 must be >= 1");
   expect_unpermute_error([](auto& f) { f.a.row_map.dtype = DType::f32; }, "row_map", "dtype f32 is not i32");
-  expect_unpermute_error([](auto& f) { f.a.probs = {}; }, "probs", "missing (no data pointer) but permuted_probs is given");
+  expect_unpermute_error([](auto& f) { f.a.probs = {}; }, "probs",
+                         "missing (no data pointer) but permuted_probs is given");
   expect_unpermute_error([](auto& f) { f.a.permuted_probs.shape[0] = kR - 1; }, "permuted_probs", "must be [12]");
 }
 TEST(UnpermuteValidation, HostRowMapEntriesMustBeDroppedOrARow) {

@@ -721,6 +721,10 @@ def _device_text(torch):
 
 
 def _git_describe():
+    # MXMOE_TREE names the tree when git cannot: the GPU machine gets a copy of the working tree whose
+    # .git (if any) is not this checkout's (scripts/gpu_check.sh sets it from .scratch/commit.txt).
+    if os.environ.get("MXMOE_TREE"):
+        return os.environ["MXMOE_TREE"]
     try:
         here = os.path.dirname(os.path.abspath(__file__))
         r = subprocess.run(["git", "-C", here, "describe", "--always", "--dirty"], capture_output=True, text=True,

@@ -76,6 +76,9 @@ for s in $steps; do
       timeout 400 $B/mxmoe bench ${BENCH_ARGS:-} --json "$OUT/bench.json" >"$B/bench.log" 2>&1; rc=$?
       summary "mxmoe bench" "rc=$rc"
       if [ $rc -ne 0 ] || [ ! -s "$OUT/bench.json" ]; then tail -30 "$B/bench.log"; continue; fi
+      # The commit this tree is (written here before the call: git describe --always --dirty >
+      # .scratch/commit.txt, carried): the copy on the GPU machine cannot tell.
+      [ -s .scratch/commit.txt ] && export MXMOE_TREE="$(cat .scratch/commit.txt) (from .scratch/commit.txt)"
       PYTHONUNBUFFERED=1 timeout 300 python3 bench/peer_torch.py --mxmoe-json "$OUT/bench.json" --out-dir "$OUT" \
         --warmup 3 --iters 10 --time-budget 200 ${PEER_ARGS:-} >"$B/peer.log" 2>&1; rc=$?
       summary "peer" "rc=$rc"

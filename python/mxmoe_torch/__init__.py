@@ -18,7 +18,8 @@ import torch
 from . import _build_info
 
 __all__ = ["GroupedMLP", "offsets_from_counts", "quantize_mxfp8", "dequantize_mxfp8", "grouped_gemm_m",
-           "grouped_gemm_k", "library_path", "build_info"]
+           "grouped_gemm_k", "permute", "unpermute", "permute_by_map", "permuted_rows_bound", "Permuted",
+           "Unpermuted", "PermutedByMap", "library_path", "build_info"]
 
 
 def library_path():
@@ -60,7 +61,9 @@ def _version():
 __version__ = _version()
 
 from . import _fake  # noqa: E402,F401  (registers the fake kernels)
+from ._fake import permuted_rows_bound  # noqa: E402
 from ._layer import GroupedMLP, offsets_from_counts  # noqa: E402
+from ._permute import Permuted, PermutedByMap, Unpermuted, permute, permute_by_map, unpermute  # noqa: E402
 
 _ops = torch.ops.mxmoe
 

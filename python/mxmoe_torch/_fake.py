@@ -173,3 +173,45 @@ def _grouped_gemm_k_(a, a_scales, b, b_scales, offsets, out, accumulate, scale_l
     check_devices("grouped_gemm_k_", ("a", a), ("a_scales", a_scales), ("b", b), ("b_scales", b_scales),
                   ("offsets", offsets), ("out", out))
     return None
+
+
+def permuted_rows_bound(tokens, top_k, experts, capacity):
+    """Rows permute_tokens keeps at most (include/mxmoe/permute.h): T * K, or min(T * K, E * C) with a
+    capacity C >= 0. Symbolic token counts stay symbolic."""
+    rows = tokens * top_k
+    if capacity < 0:
+        return rows
+    return torch.sym_min(rows, experts * capacity)
+
+
+def _absent_probs(like):
+    return like.new_empty((0,), dtype=torch.float32)
+
+
+@torch.library.register_fake("mxmoe::permute_tokens")
+def _permute_tokens(x, expert_ids, probs, experts, capacity=-1):
+    check_devices("permute_tokens", ("x", x), ("expert_ids", expert_ids), ("probs", probs))
+    T, H = x.shape
+    K = expert_ids.shape[1]
+    R = permuted_rows_bound(T, K, experts, capacity) if capacity >= -1 else 0
+    i32 = torch.int32
+    permuted_probs = x.new_empty((R,), dtype=torch.float32) if probs is not None else _absent_probs(x)
+    return (x.new_empty((R, H)), x.new_empty((max(experts, 0) + 1,), dtype=i32), x.new_empty((T, K), dtype=i32),
+            permuted_probs, x.new_empty((1,), dtype=i32))
+
+
+@torch.library.register_fake("mxmoe::unpermute_tokens")
+def _unpermute_tokens(permuted_y, row_map, permuted_probs=None):
+    check_devices("unpermute_tokens", ("permuted_y", permuted_y), ("row_map", row_map),
+                  ("permuted_probs", permuted_probs))
+    T, K = row_map.shape
+    probs = permuted_y.new_empty((T, K), dtype=torch.float32) if permuted_probs is not None \
+        else _absent_probs(permuted_y)
+    return permuted_y.new_empty((T, permuted_y.shape[1])), probs
+
+
+@torch.library.register_fake("mxmoe::permute_by_map")
+def _permute_by_map(x, row_map, probs, rows):
+    check_devices("permute_by_map", ("x", x), ("row_map", row_map), ("probs", probs))
+    permuted_probs = x.new_empty((rows,), dtype=torch.float32) if probs is not None else _absent_probs(x)
+    return x.new_empty((rows, x.shape[1])), permuted_probs

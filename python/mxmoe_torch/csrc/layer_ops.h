@@ -95,4 +95,19 @@ void grouped_gemm_k_(const at::Tensor& a, const std::optional<at::Tensor>& a_sca
                      const std::optional<at::Tensor>& b_scales, const at::Tensor& offsets, at::Tensor& out,
                      bool accumulate, std::string scale_layout);
 
+// ---- token permute / unpermute (permute_ops.cpp) ----
+// (permuted_x [R, H], offsets [E+1], row_map [T, K], permuted_probs [R] or [0] without probs,
+// invalid [1]) with R = permuted_rows_bound(T, K, experts, capacity); rows past offsets[E] are zeros.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> permute_tokens(
+    const at::Tensor& x, const at::Tensor& expert_ids, const std::optional<at::Tensor>& probs, int64_t experts,
+    int64_t capacity);
+
+// (y [T, H], probs [T, K] or [0] without permuted_probs).
+std::tuple<at::Tensor, at::Tensor> unpermute_tokens(const at::Tensor& permuted_y, const at::Tensor& row_map,
+                                                    const std::optional<at::Tensor>& permuted_probs);
+
+// (permuted_x [rows, H], permuted_probs [rows] or [0] without probs); rows no slot names are zeros.
+std::tuple<at::Tensor, at::Tensor> permute_by_map(const at::Tensor& x, const at::Tensor& row_map,
+                                                  const std::optional<at::Tensor>& probs, int64_t rows);
+
 }  // namespace mxmoe::torch_ext

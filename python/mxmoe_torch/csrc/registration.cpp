@@ -53,6 +53,13 @@ TORCH_LIBRARY(mxmoe, m) {
         "str scale_layout=\"compact\", ScalarType? dtype=None) -> Tensor");
   m.def("grouped_gemm_k_(Tensor a, Tensor? a_scales, Tensor b, Tensor? b_scales, Tensor offsets, Tensor(o!) out, "
         "bool accumulate, str scale_layout=\"compact\") -> ()");
+  // Token permute / unpermute (include/mxmoe/permute.h). An absent optional output is an empty f32 [0].
+  m.def("permute_tokens(Tensor x, Tensor expert_ids, Tensor? probs, int experts, int capacity=-1) "
+        "-> (Tensor permuted_x, Tensor offsets, Tensor row_map, Tensor permuted_probs, Tensor invalid)");
+  m.def("unpermute_tokens(Tensor permuted_y, Tensor row_map, Tensor? permuted_probs=None) "
+        "-> (Tensor y, Tensor probs)");
+  m.def("permute_by_map(Tensor x, Tensor row_map, Tensor? probs, int rows) "
+        "-> (Tensor permuted_x, Tensor permuted_probs)");
 }
 
 namespace {
@@ -70,6 +77,9 @@ void register_kernels(torch::Library& m) {
   m.impl("grouped_gemm_m", &grouped_gemm_m);
   m.impl("grouped_gemm_k", &grouped_gemm_k);
   m.impl("grouped_gemm_k_", &grouped_gemm_k_);
+  m.impl("permute_tokens", &permute_tokens);
+  m.impl("unpermute_tokens", &unpermute_tokens);
+  m.impl("permute_by_map", &permute_by_map);
 }
 
 }  // namespace

@@ -1,0 +1,106 @@
+// Token permute / unpermute (include/mxmoe/permute.h) as torch ops. Every output is allocated
+// here; rows and probabilities no slot writes (past offsets[E], or not named by the row_map) are
+// zeros, so results are deterministic and the backward ops' untouched rows carry no gradient. An
+// absent optional output (permuted_probs without probs, probs without permuted_probs) is an empty
+// f32 [0] tensor: schemas return plain Tensors, as grouped_mlp_backward's db1/db2 do.
+//
+// The library validates every argument (mxmoe::Error naming it) and picks the backend from the
+// data's device; on CUDA data today no backend serves the steps (route_tokens, permute_rows,
+// unpermute_rows), which surfaces in Python as a RuntimeError naming the step.
+#include <algorithm>
+
+#include "layer_ops.h"
+
+namespace mxmoe::torch_ext {
+
+namespace {
+
+at::Tensor no_probs(const at::Tensor& like) { return at::empty({0}, like.options().dtype(at::kFloat)); }
+
+std::optional<at::Tensor> contiguous(const std::optional<at::Tensor>& t) {
+  if (t && t->defined()) return t->contiguous();
+  return std::nullopt;
+}
+
+bool given(const std::optional<at::Tensor>& t) { return t && t->defined(); }
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> permute_tokens(
+    const at::Tensor& x_in, const at::Tensor& expert_ids_in, const std::optional<at::Tensor>& probs_in, int64_t experts,
+    int64_t capacity) {
+  DeviceCheck("permute_tokens").add("x", x_in).add("expert_ids", expert_ids_in).add("probs", probs_in).check();
+  TORCH_CHECK(x_in.dim() == 2, "mxmoe: permute_tokens: x must be [T, H], got shape ", x_in.sizes());
+  TORCH_CHECK(expert_ids_in.dim() == 2, "mxmoe: permute_tokens: expert_ids must be [T, K], got shape ",
+              expert_ids_in.sizes());
+  const at::Tensor x = x_in.contiguous(), expert_ids = expert_ids_in.contiguous();
+  const std::optional<at::Tensor> probs = contiguous(probs_in);
+  const int64_t T = x.size(0), H = x.size(1), K = expert_ids.size(1);
+  const int64_t R = std::max<int64_t>(0, permuted_rows_bound(T, K, experts, capacity));
+  const at::TensorOptions i32 = x.options().dtype(at::kInt);
+  at::Tensor permuted_x = at::zeros({R, H}, x.options());
+  at::Tensor offsets = at::empty({std::max<int64_t>(experts, 0) + 1}, i32);
+  at::Tensor row_map = at::empty(expert_ids.sizes(), i32);
+  at::Tensor permuted_probs = given(probs) ? at::zeros({R}, x.options().dtype(at::kFloat)) : no_probs(x);
+  at::Tensor invalid = at::zeros({1}, i32);
+  PermuteArgs a;
+  a.x = view(x);
+  a.expert_ids = view(expert_ids);
+  a.probs = view(probs);
+  a.experts = experts;
+  a.capacity = capacity;
+  a.offsets = view(offsets);
+  a.permuted_x = view(permuted_x);
+  a.row_map = view(row_map);
+  if (given(probs)) a.permuted_probs = view(permuted_probs);
+  a.invalid = view(invalid);
+  CallContext cc(x);
+  mxmoe::permute_tokens(cc.get(), a);
+  return {permuted_x, offsets, row_map, permuted_probs, invalid};
+}
+
+std::tuple<at::Tensor, at::Tensor> unpermute_tokens(const at::Tensor& permuted_y_in, const at::Tensor& row_map_in,
+                                                    const std::optional<at::Tensor>& permuted_probs_in) {
+  DeviceCheck("unpermute_tokens").add("permuted_y", permuted_y_in).add("row_map", row_map_in)
+      .add("permuted_probs", permuted_probs_in).check();
+  TORCH_CHECK(permuted_y_in.dim() == 2, "mxmoe: unpermute_tokens: permuted_y must be [R, H], got shape ",
+              permuted_y_in.sizes());
+  TORCH_CHECK(row_map_in.dim() == 2, "mxmoe: unpermute_tokens: row_map must be [T, K], got shape ",
+              row_map_in.sizes());
+  const at::Tensor permuted_y = permuted_y_in.contiguous(), row_map = row_map_in.contiguous();
+  const std::optional<at::Tensor> permuted_probs = contiguous(permuted_probs_in);
+  at::Tensor y = at::empty({row_map.size(0), permuted_y.size(1)}, permuted_y.options());
+  at::Tensor probs = given(permuted_probs) ? at::empty(row_map.sizes(), permuted_y.options().dtype(at::kFloat))
+                                           : no_probs(permuted_y);
+  UnpermuteArgs a;
+  a.permuted_y = view(permuted_y);
+  a.row_map = view(row_map);
+  a.permuted_probs = view(permuted_probs);
+  a.y = view(y);
+  if (given(permuted_probs)) a.probs = view(probs);
+  CallContext cc(permuted_y);
+  mxmoe::unpermute_tokens(cc.get(), a);
+  return {y, probs};
+}
+
+std::tuple<at::Tensor, at::Tensor> permute_by_map(const at::Tensor& x_in, const at::Tensor& row_map_in,
+                                                  const std::optional<at::Tensor>& probs_in, int64_t rows) {
+  DeviceCheck("permute_by_map").add("x", x_in).add("row_map", row_map_in).add("probs", probs_in).check();
+  TORCH_CHECK(x_in.dim() == 2, "mxmoe: permute_by_map: x must be [T, H], got shape ", x_in.sizes());
+  TORCH_CHECK(rows >= 0, "mxmoe: permute_by_map: rows=", rows, " must be >= 0");
+  const at::Tensor x = x_in.contiguous(), row_map = row_map_in.contiguous();
+  const std::optional<at::Tensor> probs = contiguous(probs_in);
+  at::Tensor permuted_x = at::zeros({rows, x.size(1)}, x.options());
+  at::Tensor permuted_probs = given(probs) ? at::zeros({rows}, x.options().dtype(at::kFloat)) : no_probs(x);
+  PermuteByMapArgs a;
+  a.x = view(x);
+  a.row_map = view(row_map);
+  a.probs = view(probs);
+  a.permuted_x = view(permuted_x);
+  if (given(probs)) a.permuted_probs = view(permuted_probs);
+  CallContext cc(x);
+  mxmoe::permute_by_map(cc.get(), a);
+  return {permuted_x, permuted_probs};
+}
+
+}  // namespace mxmoe::torch_ext

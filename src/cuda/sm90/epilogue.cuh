@@ -1,12 +1,13 @@
 // Epilogues of the sm90 grouped GEMM kernel: what happens to a consumer warp group's (64, BN) fp32
 // accumulator. Fragment layout of wgmma m64nNk16 (per warp group, thread t = 32 w + l):
 //   acc[4j + 2h + i] is row 16w + l/4 + 8h, column 8j + 2(l%4) + i     (j < N/8, h, i in {0, 1})
-// so a thread owns 2 rows and pairs of adjacent columns. Outputs (store, wgrad, glu_forward) go
-// through shared memory: each warp group writes its fragments into its own 64-row staging block and
-// copies the block out in whole 16-byte chunks, 16 lanes to a 256-byte row piece (the fragment layout
-// written straight to global memory stores 16 bytes per row per 4 lanes, half-sector writes; ncu
-// counted 48% excess sectors). glu_backward still stores from registers. Semantics as docs/numerics.md and the portable epilogues (same formulas, from
-// src/common/glu.h); only the fp32 summation order of partial sums differs between backends.
+// so a thread owns 2 rows and pairs of adjacent columns (Frag). Every output goes through shared
+// memory: each warp group writes its fragments into its own 64-row staging block and copies the
+// block out in whole 16-byte chunks, 16 lanes to a 256-byte row piece (the fragment layout written
+// straight to global memory stores 16 bytes per row per 4 lanes, half-sector writes; ncu counted 48%
+// excess sectors); glu_backward also reads the saved C through it. Semantics as docs/numerics.md and
+// the portable epilogues (same formulas, from src/common/glu.h); only the fp32 summation order of
+// partial sums differs between backends.
 #pragma once
 #include "mxmoe/numerics.h"
 #include "src/common/glu.h"
@@ -14,8 +15,9 @@
 namespace mxmoe::cuda::sm90 {
 
 struct Frag {
-  __device__ int row(int h) const { return 16 * warp + lane / 4 + 8 * h; }  // within the warp group's 64 rows
-  static constexpr int col(int j, int lane) { return 8 * j + 2 * (lane % 4); }
+  // Row of fragment half h within the warp group's 64 rows; fragment j's columns are 8j + 2(lane%4)
+  // and the next one.
+  __device__ int row(int h) const { return 16 * warp + lane / 4 + 8 * h; }
   int warp, lane;
 };
 
@@ -35,7 +37,6 @@ __device__ __forceinline__ float bf16_hi(uint32_t v) { return f32_from_bf16(stat
 // the 128 features of a GLU backward pass), 16-byte chunks XOR-swizzled by row % 8 so that the
 // fragment writes (8 rows x 16 bytes per instruction) and the row-contiguous chunk reads are both
 // free of bank conflicts.
-
 template <int kRow = kOutRowBytes>
 __device__ __forceinline__ uint32_t stage_off(int r, int byte_col) {
   return static_cast<uint32_t>(r * kRow + ((((byte_col >> 4) ^ (r & 7))) << 4) + (byte_col & 15));

@@ -57,8 +57,9 @@ struct KernelConfig {
                                      : (kSmemLimit - kReserved - kEpiBytes) / kStageBytes;
   static constexpr int kSmemBytes = kReserved + kEpiBytes + kStages * kStageBytes;
   // CTA pairs along M can share (multicast) the B tile (2/3 of the bytes a 128 x 256 tile reads per
-  // k-block). Measured on the H200 (docs/kernels/sm90_gemm.md) the pairs ran slower than single CTAs
-  // (FC1 dsv3 412 vs 514 TFLOP/s), so the layer's kernels use 1; bench/sm90_kernels.cu times both.
+  // k-block). Since the release fix in ptx.cuh (mbar_arrive_cluster) the pairs run faster than single
+  // CTAs in bench/sm90_kernels.cu (FC1 dsv3 720 vs 619 TFLOP/s); the layer's kernels still use 1 until
+  // the GPU suite has run on pairs (docs/kernels/sm90_gemm.md).
   static constexpr int kCluster = Cluster_;
   static_assert(Cluster_ == 1 || Cluster_ == 2, "clusters of 1 or 2 CTAs along M");
   static_assert(kStages >= 2, "tile too large for the shared-memory ring");

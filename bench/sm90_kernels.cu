@@ -184,8 +184,8 @@ int run(const Shape& sh, bool skew) {
   fc1_store.epilogue = detail::Epilogue::store;
   fc1_store.gemm.d = tv(c_store, DType::bf16, {T, 2 * F});
   std::vector<uint8_t> ref;
-  measure("fc1_fprop", "layer: glu_forward BN256", 4 * thf, a, ref, m_runner<KernelConfig<256, M::k, M::k, G::m, Epi::glu_forward>>(fc1.gemm_m()));
-  measure("fc1_fprop", "glu_forward BN256, CTA pairs", 4 * thf, a, ref, m_runner<KernelConfig<256, M::k, M::k, G::m, Epi::glu_forward, 2>>(fc1.gemm_m()));
+  measure("fc1_fprop", "layer: glu_forward BN256", 4 * thf, a, ref, m_runner<KernelConfig<256, M::k, M::k, G::m, Epi::glu_forward, 2>>(fc1.gemm_m()));
+  measure("fc1_fprop", "glu_forward BN256, single CTAs", 4 * thf, a, ref, m_runner<KernelConfig<256, M::k, M::k, G::m, Epi::glu_forward>>(fc1.gemm_m()));
   std::vector<uint8_t> glu_ref = ref;
   ref.clear();
   measure("fc1_fprop", "plain store of C, BN256", 4 * thf, c_store, ref, m_runner<KernelConfig<256, M::k, M::k, G::m, Epi::store>>(fc1_store));
@@ -198,8 +198,8 @@ int run(const Shape& sh, bool skew) {
                                                          .offsets = go, .probs = tv(probs, DType::f32, {T}),
                                                          .y = tv(y, DType::bf16, {T, H})});
   ref.clear();
-  measure("fc2_fprop", "layer: store BN256", 2 * thf, y, ref, m_runner<KernelConfig<256, M::k, M::k, G::m, Epi::store>>(fc2.gemm_m()));
-  measure("fc2_fprop", "store BN256, CTA pairs", 2 * thf, y, ref, m_runner<KernelConfig<256, M::k, M::k, G::m, Epi::store, 2>>(fc2.gemm_m()));
+  measure("fc2_fprop", "layer: store BN256", 2 * thf, y, ref, m_runner<KernelConfig<256, M::k, M::k, G::m, Epi::store, 2>>(fc2.gemm_m()));
+  measure("fc2_fprop", "store BN256, single CTAs", 2 * thf, y, ref, m_runner<KernelConfig<256, M::k, M::k, G::m, Epi::store>>(fc2.gemm_m()));
   measure("fc2_fprop", "store BN128", 2 * thf, y, ref, m_runner<KernelConfig<128, M::k, M::k, G::m, Epi::store>>(fc2.gemm_m()));
 
   const detail::LayerStep d2 = detail::fc2_dgrad(prob, {.dy = {.bf16 = tv(dy, DType::bf16, {T, H})},
@@ -212,7 +212,8 @@ int run(const Shape& sh, bool skew) {
   d2_store.epilogue = detail::Epilogue::store;
   d2_store.gemm.d = tv(da, DType::bf16, {T, F});
   ref.clear();
-  measure("fc2_dgrad", "layer: glu_backward BN256", 2 * thf, dc, ref, m_runner<KernelConfig<256, M::k, M::mn, G::m, Epi::glu_backward>>(d2.gemm_m()));
+  measure("fc2_dgrad", "layer: glu_backward BN256", 2 * thf, dc, ref, m_runner<KernelConfig<256, M::k, M::mn, G::m, Epi::glu_backward, 2>>(d2.gemm_m()));
+  measure("fc2_dgrad", "glu_backward BN256, single CTAs", 2 * thf, dc, ref, m_runner<KernelConfig<256, M::k, M::mn, G::m, Epi::glu_backward>>(d2.gemm_m()));
   measure("fc2_dgrad", "glu_backward BN128", 2 * thf, dc, ref, m_runner<KernelConfig<128, M::k, M::mn, G::m, Epi::glu_backward>>(d2.gemm_m()));
   ref.clear();
   measure("fc2_dgrad", "plain store of dA, BN128", 2 * thf, da, ref, m_runner<KernelConfig<128, M::k, M::mn, G::m, Epi::store>>(d2_store));
@@ -222,8 +223,8 @@ int run(const Shape& sh, bool skew) {
                                                         .w1 = {.data = {.dense = tv(w1, DType::bf16, {E, 2 * F, H})}},
                                                         .offsets = go, .dx = tv(dx, DType::bf16, {T, H})});
   ref.clear();
-  measure("fc1_dgrad", "layer: store BN256", 4 * thf, dx, ref, m_runner<KernelConfig<256, M::k, M::mn, G::m, Epi::store>>(d1.gemm_m()));
-  measure("fc1_dgrad", "store BN256, CTA pairs", 4 * thf, dx, ref, m_runner<KernelConfig<256, M::k, M::mn, G::m, Epi::store, 2>>(d1.gemm_m()));
+  measure("fc1_dgrad", "layer: store BN256", 4 * thf, dx, ref, m_runner<KernelConfig<256, M::k, M::mn, G::m, Epi::store, 2>>(d1.gemm_m()));
+  measure("fc1_dgrad", "store BN256, single CTAs", 4 * thf, dx, ref, m_runner<KernelConfig<256, M::k, M::mn, G::m, Epi::store>>(d1.gemm_m()));
 
   {  // bf16 weight gradients (what `mxmoe bench` times by default, like the peers' autograd)
     const KGroupedGemmArgs w2g{.a = {.bf16 = tv(dy, DType::bf16, {T, H})}, .b = {.bf16 = tv(a, DType::bf16, {T, F})},
@@ -231,9 +232,9 @@ int run(const Shape& sh, bool skew) {
     const KGroupedGemmArgs w1g{.a = {.bf16 = tv(dc, DType::bf16, {T, 2 * F})}, .b = {.bf16 = tv(x, DType::bf16, {T, H})},
                                .offsets = go, .d = {.dense = tv(dw1, DType::bf16, {E, 2 * F, H})}, .accumulate = false};
     ref.clear();
-    measure("fc2_wgrad", "layer: BN256 bf16", 2 * thf, dw2, ref, k_runner<KernelConfig<256, M::mn, M::mn, G::k, Epi::wgrad>>(w2g));
+    measure("fc2_wgrad", "layer: BN256 bf16", 2 * thf, dw2, ref, k_runner<KernelConfig<256, M::mn, M::mn, G::k, Epi::wgrad, 2>>(w2g));
     ref.clear();
-    measure("fc1_wgrad", "layer: BN256 bf16", 4 * thf, dw1, ref, k_runner<KernelConfig<256, M::mn, M::mn, G::k, Epi::wgrad>>(w1g));
+    measure("fc1_wgrad", "layer: BN256 bf16", 4 * thf, dw1, ref, k_runner<KernelConfig<256, M::mn, M::mn, G::k, Epi::wgrad, 2>>(w1g));
   }
   for (bool acc : {false, true}) {
     const KGroupedGemmArgs w2g{.a = {.bf16 = tv(dy, DType::bf16, {T, H})}, .b = {.bf16 = tv(a, DType::bf16, {T, F})},
@@ -244,13 +245,13 @@ int run(const Shape& sh, bool skew) {
     // With beta 1 every run adds to the last one: compare only the beta-0 runs.
     ref.clear();
     std::vector<uint8_t> none;
-    measure("fc2_wgrad", "layer: BN256" + beta, 2 * thf, dw2, acc ? none : ref, k_runner<KernelConfig<256, M::mn, M::mn, G::k, Epi::wgrad>>(w2g));
+    measure("fc2_wgrad", "layer: BN256" + beta, 2 * thf, dw2, acc ? none : ref, k_runner<KernelConfig<256, M::mn, M::mn, G::k, Epi::wgrad, 2>>(w2g));
     none.clear();
-    measure("fc2_wgrad", "BN256, CTA pairs" + beta, 2 * thf, dw2, acc ? none : ref, k_runner<KernelConfig<256, M::mn, M::mn, G::k, Epi::wgrad, 2>>(w2g));
+    measure("fc2_wgrad", "BN256, single CTAs" + beta, 2 * thf, dw2, acc ? none : ref, k_runner<KernelConfig<256, M::mn, M::mn, G::k, Epi::wgrad>>(w2g));
     ref.clear(), none.clear();
-    measure("fc1_wgrad", "layer: BN256" + beta, 4 * thf, dw1, acc ? none : ref, k_runner<KernelConfig<256, M::mn, M::mn, G::k, Epi::wgrad>>(w1g));
+    measure("fc1_wgrad", "layer: BN256" + beta, 4 * thf, dw1, acc ? none : ref, k_runner<KernelConfig<256, M::mn, M::mn, G::k, Epi::wgrad, 2>>(w1g));
     none.clear();
-    measure("fc1_wgrad", "BN256, CTA pairs" + beta, 4 * thf, dw1, acc ? none : ref, k_runner<KernelConfig<256, M::mn, M::mn, G::k, Epi::wgrad, 2>>(w1g));
+    measure("fc1_wgrad", "BN256, single CTAs" + beta, 4 * thf, dw1, acc ? none : ref, k_runner<KernelConfig<256, M::mn, M::mn, G::k, Epi::wgrad>>(w1g));
   }
 
   int mismatches = 0;

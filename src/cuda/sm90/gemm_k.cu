@@ -11,7 +11,7 @@
 namespace mxmoe::cuda::sm90 {
 namespace {
 constexpr int kWgradN = 256;
-using Wgrad = KernelConfig<kWgradN, Major::mn, Major::mn, Grouping::k, Epi::wgrad>;
+using Wgrad = KernelConfig<kWgradN, Major::mn, Major::mn, Grouping::k, Epi::wgrad, 2>;  // CTA pairs sharing B
 constexpr int64_t kStandIn = 256;  // bytes a tensor map over no tokens points at
 }  // namespace
 

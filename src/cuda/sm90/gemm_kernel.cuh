@@ -58,8 +58,8 @@ struct KernelConfig {
   static constexpr int kSmemBytes = kReserved + kEpiBytes + kStages * kStageBytes;
   // CTA pairs along M can share (multicast) the B tile (2/3 of the bytes a 128 x 256 tile reads per
   // k-block). Since the release fix in ptx.cuh (mbar_arrive_cluster) the pairs run faster than single
-  // CTAs in bench/sm90_kernels.cu (FC1 dsv3 720 vs 619 TFLOP/s); the layer's kernels still use 1 until
-  // the GPU suite has run on pairs (docs/kernels/sm90_gemm.md).
+  // CTAs in bench/sm90_kernels.cu (FC1 dsv3 720 vs 619 TFLOP/s): the layer's kernels run pairs
+  // (gemm_m.cu kPair, gemm_k.cu), single CTAs stay for the kernel bench's comparison rows.
   static constexpr int kCluster = Cluster_;
   static_assert(Cluster_ == 1 || Cluster_ == 2, "clusters of 1 or 2 CTAs along M");
   static_assert(kStages >= 2, "tile too large for the shared-memory ring");
@@ -313,8 +313,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t total = pair_count<Cfg::kGrouping, kCluster>(p);
   const int64_t first = blockIdx.x / kCluster, step = gridDim.x / kCluster;
 
+  // Registers: 128 x 64 + 256 x 224 = 64K. With 40 for the producer its pair path (multicast, peer
+  // tile) spilled; 224 leaves the store kernels spill-free and the GLU ones a few loop-invariant
+  // spills reloaded once per tile (ptxas -v, cuobjdump: no LDL in the k-loop).
   if (wg == 0) {
-    reg_dealloc<40>();
+    reg_dealloc<64>();
     if (threadIdx.x == 0) {
       int stage = 0;
       uint32_t phase = 0;
@@ -329,19 +332,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   } else {
-    reg_alloc<232>();
+    reg_alloc<224>();
     const int cw = wg - 1;
     const int ctid = threadIdx.x - 128;  // 0..255
     int stage = 0;
     uint32_t phase = 0;
     // One arrival per consumer warp group on each CTA of the cluster, from different lanes (lane r
     // signals CTA r, as CUTLASS spreads them), so no thread issues two.
-    auto release = [&](int s) {
+    // `zeroed`: this CTA wrote the stage with ordinary stores (k-grouped tail), which the peer's
+    // multicast must not overtake: release at cluster scope then.
+    auto release = [&](int s, bool zeroed) {
       const int lane = ctid % 128;
       if constexpr (kCluster == 1) {
         if (lane == 0) mbar_arrive(&empty[s]);
       } else {
-        if (lane < kCluster) mbar_arrive_cluster(&empty[s], static_cast<uint32_t>(lane));
+        if (lane < kCluster) {
+          if (zeroed) mbar_arrive_cluster_release(&empty[s], static_cast<uint32_t>(lane));
+          else mbar_arrive_cluster(&empty[s], static_cast<uint32_t>(lane));
+        }
       }
     };
     for (int64_t idx = first; idx < total; idx += step) {
@@ -354,8 +362,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         fence_operand(acc[i]);
       }
       int prev = -1;
+      bool prev_zeroed = false, zeroed = false;
       for (int kb = 0; kb < t.k_blocks; ++kb) {
         mbar_wait(&full[stage], phase);
+        zeroed = false;
         if (t.live) {
           if constexpr (Cfg::kGrouping == Grouping::k) {
             const int64_t valid = t.k_end - (t.k0 + static_cast<int64_t>(kb) * kBlockK);
@@ -372,6 +382,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               }
               fence_proxy_async_smem();
               named_barrier_sync(1, kConsumerThreads);
+              zeroed = true;
             }
           }
           wgmma_fence();
@@ -379,12 +390,13 @@ __global__ void __launch_bounds__(kThreads, 1)
           wgmma_commit();
           wgmma_wait<1>();
         }
-        if (prev >= 0) release(prev);
+        if (prev >= 0) release(prev, prev_zeroed);
         prev = stage;
+        prev_zeroed = zeroed;
         if (++stage == kStages) stage = 0, phase ^= 1;
       }
       wgmma_wait<0>();
-      if (prev >= 0) release(prev);
+      if (prev >= 0) release(prev, prev_zeroed);
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) fence_operand(acc[i]);
       if (t.live) epilogue<Cfg>(p, t, cw, ctid, acc, epi_smem);

@@ -19,14 +19,16 @@ namespace {
 
 constexpr int kWideN = 256;    // output tile width
 constexpr int kNarrowN = 128;  // narrow outputs (N <= 128)
+// Every layer configuration runs CTA pairs along M that share B by multicast (gemm_kernel.cuh Tile).
+constexpr int kPair = 2;
 
-using StoreKK = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::store>;
-using StoreKMN = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::store>;
-using StoreKKNarrow = KernelConfig<kNarrowN, Major::k, Major::k, Grouping::m, Epi::store>;
-using StoreKMNNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::store>;
-using GluFwd = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::glu_forward>;
-using GluBwd = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::glu_backward>;
-using GluBwdNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::glu_backward>;
+using StoreKK = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::store, kPair>;
+using StoreKMN = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::store, kPair>;
+using StoreKKNarrow = KernelConfig<kNarrowN, Major::k, Major::k, Grouping::m, Epi::store, kPair>;
+using StoreKMNNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::store, kPair>;
+using GluFwd = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::glu_forward, kPair>;
+using GluBwd = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair>;
+using GluBwdNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair>;
 
 
 }  // namespace

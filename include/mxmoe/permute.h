@@ -15,9 +15,9 @@
 // permute_tokens -> forward(x = permuted_x, offsets, probs = permuted_probs) -> unpermute_tokens.
 //
 // Every op validates all its arguments first (a bad one throws mxmoe::Error naming it and its
-// value, and nothing is written), then runs on the backend the Context picks for the data's device.
-// Today only the CPU backend implements them; on GPU data dispatch reports that no backend serves
-// the step (the CUDA kernels are to come).
+// value, and nothing is written), then runs on the backend the Context picks for the data's device:
+// the CPU reference on host data, cuda_portable on any GPU from sm_80 (bit-identical to the CPU, no
+// host synchronisation, capturable in a CUDA graph; docs/kernels/permute.md).
 #pragma once
 #include <algorithm>
 #include <cstdint>

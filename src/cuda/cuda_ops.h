@@ -15,6 +15,11 @@ namespace portable {
 void gemm_m(const detail::MGemmStep& s, void* stream);
 void gemm_k(const KGroupedGemmArgs& a, void* stream);
 void fc2_bias_grads(const detail::Fc2BiasGradStep& s, void* stream);
+// src/cuda/portable/permute.cu: token routing (a stable counting sort of the top-k ids on the
+// device), the row scatter and the fp32 slot-order gather-sum (docs/kernels/permute.md).
+void route_tokens(const detail::RouteTokensStep& s, void* stream);
+void permute_rows(const PermuteByMapArgs& a, void* stream);
+void unpermute_rows(const UnpermuteArgs& a, void* stream);
 }  // namespace portable
 
 }  // namespace mxmoe::cuda

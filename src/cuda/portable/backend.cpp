@@ -1,5 +1,5 @@
 // Registry entry of cuda_portable: every step on any GPU from sm_80 (mma.sync kernels in this
-// folder, quantizers in src/cuda/quant/).
+// folder, quantizers in src/cuda/quant/, token permute / unpermute in permute.cu).
 #include "src/cuda/common/device_facts.h"
 #include "src/cuda/cuda_ops.h"
 
@@ -17,10 +17,8 @@ class CudaPortableBackend final : public detail::Backend {
     if (f.major < 8) return {false, f.name + " is " + f.cc() + "; cuda_portable needs sm_80 or newer"};
     return {true, f.name + " (" + f.cc() + "), mma.sync bf16 kernels"};
   }
-  detail::Probe probe(const detail::StepQuery& q) const override {
-    if (token_routing(q.step)) return {false, kNoRoutingKernels};
-    return {true, ""};
-  }
+  // Every step, every shape the entry points accept (the permute steps too: any E, T, K and H).
+  detail::Probe probe(const detail::StepQuery&) const override { return {true, ""}; }
   void quantize(Context& c, const QuantizeArgs& a) override { cuda::quantize(a, c.options().stream); }
   void dequantize(Context& c, const DequantizeArgs& a) override { cuda::dequantize(a, c.options().stream); }
   void quantize_experts(Context& c, const detail::QuantizeExpertsStep& s) override {
@@ -31,20 +29,11 @@ class CudaPortableBackend final : public detail::Backend {
   void fc2_bias_grads(Context& c, const detail::Fc2BiasGradStep& s) override {
     portable::fc2_bias_grads(s, c.options().stream);
   }
-  void route_tokens(Context&, const detail::RouteTokensStep&) override { refuse(detail::Step::route_tokens); }
-  void permute_rows(Context&, const PermuteByMapArgs&) override { refuse(detail::Step::permute_rows); }
-  void unpermute_rows(Context&, const UnpermuteArgs&) override { refuse(detail::Step::unpermute_rows); }
-
- private:
-  // NOTE: the permute / unpermute kernels are not written yet; the probe refuses them, so dispatch
-  // on device data reports that no backend serves the step. A direct call is a bug: an Error.
-  static constexpr const char* kNoRoutingKernels = "token permute/unpermute is not implemented on this backend yet";
-  static bool token_routing(detail::Step s) {
-    return s == detail::Step::route_tokens || s == detail::Step::permute_rows || s == detail::Step::unpermute_rows;
+  void route_tokens(Context& c, const detail::RouteTokensStep& s) override {
+    portable::route_tokens(s, c.options().stream);
   }
-  [[noreturn]] void refuse(detail::Step s) const {
-    throw Error("backend", std::string(name()) + " cannot run " + detail::to_string(s) + ": " + kNoRoutingKernels);
-  }
+  void permute_rows(Context& c, const PermuteByMapArgs& a) override { portable::permute_rows(a, c.options().stream); }
+  void unpermute_rows(Context& c, const UnpermuteArgs& a) override { portable::unpermute_rows(a, c.options().stream); }
 };
 
 }  // namespace

@@ -410,9 +410,11 @@ TEST(Permute, HostDataRunsEveryStepOnTheCpuAndTheReportSaysSo) {
   }
 }
 
-// On device data no backend serves these steps yet: a clear error naming every backend's reason,
-// nothing written, never a crash; the CUDA backends refuse in their probes and on a direct call.
-TEST(Permute, DeviceDataIsRefusedByEveryBackendWithItsReason) {
+// On device data with no GPU backend left (cuda_portable denied here; on a machine without a GPU
+// none is usable anyway) dispatch reports that no backend serves the step, naming every backend's
+// reason, writes nothing and never touches the data. cuda_sm90 refuses the steps in its probe and
+// on a direct call; cuda_portable serves them (tests/gpu/test_permute_gpu.cpp runs it).
+TEST(Permute, DeviceDataWithoutAGpuBackendIsRefusedWithEveryReason) {
   HostTensor x(DType::bf16, {4, 8}), ids(DType::i32, {4, 2});
   HostTensor offsets = poisoned(DType::i32, {4}), px = poisoned(DType::bf16, {8, 8}),
              row_map = poisoned(DType::i32, {4, 2});
@@ -422,7 +424,7 @@ TEST(Permute, DeviceDataIsRefusedByEveryBackendWithItsReason) {
     v.device = kGpu;
     return v;
   };
-  Context ctx;
+  Context ctx(Options{.deny = {"cuda_portable"}});
   try {
     permute_tokens(ctx, {.x = gpu(x.view),
                          .expert_ids = gpu(ids.view),
@@ -446,16 +448,19 @@ TEST(Permute, DeviceDataIsRefusedByEveryBackendWithItsReason) {
   EXPECT_THROW(permute_by_map(ctx, {.x = gpu(x.view), .row_map = gpu(row_map.view), .permuted_x = gpu(px.view)}),
                Error);
 
-  for (detail::Backend* b : {detail::cuda_portable_backend(), detail::cuda_sm90_backend()}) {
-    for (detail::Step s : {detail::Step::route_tokens, detail::Step::permute_rows, detail::Step::unpermute_rows}) {
-      const detail::Probe probe = b->probe({s, kGpu});
-      EXPECT_FALSE(probe.available) << b->name() << " " << detail::to_string(s);
-      EXPECT_FALSE(probe.reason.empty()) << b->name() << " " << detail::to_string(s);
-    }
-    EXPECT_THROW(b->route_tokens(ctx, {.expert_ids = ids.view, .experts = 3}), Error) << b->name();
-    EXPECT_THROW(b->permute_rows(ctx, {}), Error) << b->name();
-    EXPECT_THROW(b->unpermute_rows(ctx, {}), Error) << b->name();
+  for (detail::Step s : {detail::Step::route_tokens, detail::Step::permute_rows, detail::Step::unpermute_rows}) {
+    const detail::Probe sm90 = detail::cuda_sm90_backend()->probe({s, kGpu});
+    EXPECT_FALSE(sm90.available) << detail::to_string(s);
+    EXPECT_FALSE(sm90.reason.empty()) << detail::to_string(s);
+#if defined(MXMOE_WITH_CUDA)
+    EXPECT_TRUE(detail::cuda_portable_backend()->probe({s, kGpu, Recipe::bf16, 8, 2}).available)
+        << detail::to_string(s);
+#endif
   }
+  detail::Backend* sm90 = detail::cuda_sm90_backend();
+  EXPECT_THROW(sm90->route_tokens(ctx, {.expert_ids = ids.view, .experts = 3}), Error);
+  EXPECT_THROW(sm90->permute_rows(ctx, {}), Error);
+  EXPECT_THROW(sm90->unpermute_rows(ctx, {}), Error);
 }
 
 }  // namespace

@@ -313,11 +313,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t total = pair_count<Cfg::kGrouping, kCluster>(p);
   const int64_t first = blockIdx.x / kCluster, step = gridDim.x / kCluster;
 
-  // Registers: 128 x 64 + 256 x 224 = 64K. With 40 for the producer its pair path (multicast, peer
-  // tile) spilled; 224 leaves the store kernels spill-free and the GLU ones a few loop-invariant
-  // spills reloaded once per tile (ptxas -v, cuobjdump: no LDL in the k-loop).
+  // Registers: setmaxnreg moves registers within what the CTA got at launch, 384 x 168 (the
+  // __launch_bounds__ cap), so producer and consumers must sum to that: an increase the pool cannot
+  // give blocks forever (64 / 224 did: 8192 + 57344 > 64512, every kernel hung). 56 / 224: the
+  // producer's pair path spilled at 40; the store kernels are spill-free, the GLU ones keep a few
+  // loop-invariant spills reloaded once per tile (ptxas -v, cuobjdump: no LDL in the k-loop).
+  constexpr int kProducerRegs = 56, kConsumerRegs = 224, kLaunchRegs = 168;
+  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kThreads * kLaunchRegs,
+                "setmaxnreg must stay within the registers the CTA was launched with");
   if (wg == 0) {
-    reg_dealloc<64>();
+    reg_dealloc<kProducerRegs>();
     if (threadIdx.x == 0) {
       int stage = 0;
       uint32_t phase = 0;
@@ -332,7 +337,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   } else {
-    reg_alloc<224>();
+    reg_alloc<kConsumerRegs>();
     const int cw = wg - 1;
     const int ctid = threadIdx.x - 128;  // 0..255
     int stage = 0;

@@ -1,4 +1,4 @@
-"""PyTorch integration of mxmoe: torch.ops.mxmoe.* custom ops and the GroupedMLP module.
+"""PyTorch integration of mxmoe: torch.ops.mxmoe.* custom ops, the GroupedMLP module and the MoE block.
 
     import mxmoe_torch
     layer = mxmoe_torch.GroupedMLP(hidden=1024, ffn=512, experts=8, recipe="mxfp8").cuda()
@@ -17,7 +17,7 @@ import torch
 
 from . import _build_info
 
-__all__ = ["GroupedMLP", "offsets_from_counts", "quantize_mxfp8", "dequantize_mxfp8", "grouped_gemm_m",
+__all__ = ["GroupedMLP", "MoE", "offsets_from_counts", "quantize_mxfp8", "dequantize_mxfp8", "grouped_gemm_m",
            "grouped_gemm_k", "permute", "unpermute", "permute_by_map", "permuted_rows_bound", "Permuted",
            "Unpermuted", "PermutedByMap", "library_path", "build_info"]
 
@@ -63,6 +63,7 @@ __version__ = _version()
 from . import _fake  # noqa: E402,F401  (registers the fake kernels)
 from ._fake import permuted_rows_bound  # noqa: E402
 from ._layer import GroupedMLP, offsets_from_counts  # noqa: E402
+from ._moe import MoE  # noqa: E402
 from ._permute import Permuted, PermutedByMap, Unpermuted, permute, permute_by_map, unpermute  # noqa: E402
 
 _ops = torch.ops.mxmoe

@@ -174,8 +174,8 @@ class MoE(nn.Module):
         dist = scores if self.score_func == "softmax" else scores / (scores.sum(-1, keepdim=True) + 1e-20)
         counts = torch.zeros(E, dtype=torch.float32, device=scores.device)
         counts = counts.scatter_add(0, ids.reshape(-1), torch.ones_like(ids.reshape(-1), dtype=torch.float32))
-        f = counts / torch.sym_max(T * K, 1)
-        P = dist.sum(0) / torch.sym_max(T, 1)
+        f = counts / max(T * K, 1)  # Python max: SymInts under dynamic shapes, no torch.* int op for Dynamo
+        P = dist.sum(0) / max(T, 1)
         return (f * P).sum() * (self.aux_loss_coef * E)
 
     def forward(self, x):

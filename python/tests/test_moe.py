@@ -437,7 +437,9 @@ def test_cuda_matches_cpu(recipe, capacity_factor):
     for device in ("cpu", "cuda"):
         moe.to(device)
         moe.zero_grad()
-        xi = x.to(device).requires_grad_(True)
+        # A fresh leaf per device (x.to("cpu") is x itself: marking it would make the CUDA copy a
+        # non-leaf whose .grad stays None).
+        xi = x.detach().to(device).clone().requires_grad_(True)
         try:
             y = moe(xi)
         except RuntimeError as e:

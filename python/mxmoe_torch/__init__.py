@@ -19,7 +19,8 @@ from . import _build_info
 
 __all__ = ["GroupedMLP", "MoE", "offsets_from_counts", "quantize_mxfp8", "dequantize_mxfp8", "grouped_gemm_m",
            "grouped_gemm_k", "permute", "unpermute", "permute_by_map", "permuted_rows_bound", "Permuted",
-           "Unpermuted", "PermutedByMap", "library_path", "build_info"]
+           "Unpermuted", "PermutedByMap", "library_path", "build_info", "ExpertParallelMLP", "expert_parallel_mlp",
+           "all_to_all"]
 
 
 def library_path():
@@ -64,6 +65,7 @@ from . import _fake  # noqa: E402,F401  (registers the fake kernels)
 from ._fake import permuted_rows_bound  # noqa: E402
 from ._layer import GroupedMLP, offsets_from_counts  # noqa: E402
 from ._moe import MoE  # noqa: E402
+from ._ep import ExpertParallelMLP, all_to_all, expert_parallel_mlp  # noqa: E402
 from ._permute import Permuted, PermutedByMap, Unpermuted, permute, permute_by_map, unpermute  # noqa: E402
 
 _ops = torch.ops.mxmoe

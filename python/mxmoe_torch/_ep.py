@@ -1,0 +1,272 @@
+"""Expert parallelism over torch.distributed: the E experts of a GroupedMLP split over the ep_size
+ranks of a process group, E_local = E / ep_size per rank (global expert e lives on rank e // E_local,
+as local expert e % E_local). Every rank brings its own tokens.
+
+    ep = mxmoe_torch.ExpertParallelMLP(hidden, ffn, experts=E, group=group, recipe="bf16")
+    y = ep(x, expert_ids, probs)      # x [T, H], expert_ids [T, K], probs [T, K]: this rank's tokens
+
+Forward (the all-to-all dispatcher of Megatron-LM, over torch.distributed):
+  1. permute the tokens by global expert (mxmoe_torch.permute, experts=E): rows sorted by expert,
+     hence by destination rank;
+  2. exchange the per-expert row counts (all_to_all_single of an int64 [E] tensor);
+  3. without a capacity, one host read: the split sizes per rank (`.tolist()`, as Megatron's
+     dispatcher does); with a capacity the splits are static and nothing is read on the host;
+  4. all_to_all_single the rows (bf16) and their probabilities (float32) with those splits;
+  5. the received rows come grouped by source rank, then local expert: a device-side permutation
+     (index_select with indices built from the received counts by torch ops, no Python loop over
+     tokens) regroups them by local expert, then source rank (so the rows of an expert are in global
+     token order: rank 0's tokens, then rank 1's, ...);
+  6. the local GroupedMLP runs with the probabilities (applied inside the layer) and device offsets;
+  7. the regrouping is undone, the rows go back by the reverse all_to_all, and unpermute sums each
+     token's k rows (fp32, slot order, rounded once).
+
+Everything is differentiable in x, probs and the local experts' parameters: the all-to-all of rows
+is an autograd Function whose backward is the reverse all-to-all (torch.distributed.nn.functional's
+all_to_all_single does the same but is deprecated and warns on every call). The local experts'
+weight gradients are complete on their rank (every token routed to them arrived there): no
+all-reduce of expert gradients over the EP group is needed. Gradients of parameters replicated
+over the EP group (a router, say) still need the usual data-parallel reduction.
+
+Capacity (capacity_factor, None: no limit). C = ceil(capacity_factor * T * K / E), T this rank's
+token count (the exact integer arithmetic of MoE.capacity; every rank must have the same T for the
+splits to agree, which the forward checks with no host read only through the collective's sizes).
+Drop policy: on each source rank, each expert keeps its first C slots in (token, slot) order, the
+order of mxmoe_torch.permute's capacity, and drops the rest; a dropped slot adds nothing to its
+token (a token whose slots are all dropped gets y = 0). An expert thus receives at most ep_size * C
+rows per step, C from each rank; this is MoE's capacity applied per source rank, not to the global
+batch. Every rank pair exchanges exactly E_local * C rows (padded with zero rows of probability 0),
+so the splits are static: no count is read on the host, and the exchange of counts is skipped. The
+padding rows run through the local experts (their outputs are never gathered, their upstream
+gradient is zero, so every kept row's result and every gradient is unaffected by them, up to
+the summation order of zero terms).
+
+Recipes: "bf16" and "mxfp8". TODO (the issue's request, not done yet): with "mxfp8" the rows travel
+in BF16 and the receiving GroupedMLP quantizes them; sending the MXFP8 rows and their E8M0 scales
+(about half the bytes) is not implemented.
+"""
+
+import torch
+from torch import nn
+import torch.distributed as dist
+
+from ._layer import GroupedMLP
+from ._moe import expert_capacity
+from ._permute import permute, permute_by_map, unpermute
+
+__all__ = ["ExpertParallelMLP", "all_to_all", "expert_parallel_mlp"]
+
+
+def _error(message):
+    return f"mxmoe: ExpertParallelMLP: {message}"
+
+
+class _AllToAll(torch.autograd.Function):
+    """all_to_all_single over dim 0 with split sizes (lists of ints, or None for equal splits);
+    backward is the reverse all_to_all of the gradient."""
+
+    @staticmethod
+    def forward(ctx, x, output_splits, input_splits, group):
+        ctx.group = group
+        ctx.output_splits, ctx.input_splits = output_splits, input_splits
+        ctx.input_rows = x.shape[0]
+        x = x.contiguous()
+        rows = sum(output_splits) if output_splits is not None else x.shape[0]
+        out = x.new_empty((rows,) + tuple(x.shape[1:]))
+        dist.all_to_all_single(out, x, output_split_sizes=output_splits, input_split_sizes=input_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        dx = _AllToAll.apply(dy.contiguous(), ctx.input_splits, ctx.output_splits, ctx.group)
+        return dx, None, None, None
+
+
+def all_to_all(x, output_splits=None, input_splits=None, group=None):
+    """Differentiable all_to_all_single over dim 0: rank r sends x[sum(input_splits[:j]) ...] (input_splits[j]
+    rows) to rank j and receives output_splits[j] rows from rank j, concatenated by source rank. None:
+    equal splits (dim 0 divisible by the group size). Backward: the reverse all_to_all."""
+    return _AllToAll.apply(x, output_splits, input_splits, group)
+
+
+def _regroup_index_n(counts, n):
+    """counts int64 [W, L]: n rows received grouped by (source w, local expert l), counts[w, l] rows each,
+    in that order. Returns dest int64 [n] (received row i goes to row dest[i] of the layout grouped by
+    (l, w)) and inv [n] with inv[dest[i]] = i (layout[j] = received[inv[j]]). Torch ops on counts'
+    device; n is given, so nothing is read on the host."""
+    W, L = counts.shape
+    flat = counts.reshape(-1)                                          # segment g = w * L + l
+    src_start = torch.cumsum(flat, 0) - flat                           # start of g in received order
+    by_expert = counts.t().reshape(-1)                                 # segment order (l, w)
+    dst_start_lw = torch.cumsum(by_expert, 0) - by_expert
+    dst_start = dst_start_lw.reshape(L, W).t().reshape(-1)             # indexed by g = w * L + l
+    seg = torch.repeat_interleave(torch.arange(W * L, device=counts.device), flat, output_size=n)
+    i = torch.arange(n, device=counts.device)
+    dest = dst_start[seg] + (i - src_start[seg])
+    inv = torch.empty_like(dest)
+    inv[dest] = i
+    return dest, inv
+
+
+def expert_parallel_mlp(x, expert_ids, probs, layer, *, experts, group=None, capacity=-1):
+    """The functional form of ExpertParallelMLP.forward: `layer` is this rank's GroupedMLP of
+    E_local = experts / ep_size experts (global experts rank * E_local ...), x [T, H], expert_ids [T, K]
+    (global ids; an id outside [0, experts) is dropped), probs [T, K] or None (= 1). capacity >= 0: the
+    static-capacity mode with C = capacity rows per expert per source rank (every rank must pass the
+    same C); -1: no capacity (one host read of the split sizes). Returns y bf16 [T, H]."""
+    W = dist.get_world_size(group)
+    E = experts
+    if E % W:
+        raise ValueError(_error(f"experts={E} must be divisible by the group size {W}"))
+    L = E // W
+    if layer.experts != L:
+        raise ValueError(_error(f"the local GroupedMLP must have experts / ep_size = {L} experts, "
+                                f"got {layer.experts}"))
+    T, K = expert_ids.shape
+    H = x.shape[-1]
+    dev = x.device
+    x = x.to(torch.bfloat16)
+    if probs is None:
+        probs = torch.ones(T, K, dtype=torch.float32, device=dev)
+    if capacity >= 0:
+        return _capacity_forward(x, expert_ids, probs, layer, E, W, L, capacity, group)
+
+    p = permute(x, expert_ids, probs, experts=E)
+    counts = (p.offsets[1:] - p.offsets[:-1]).to(torch.int64)          # [E] rows per global expert
+    recv_counts = torch.empty_like(counts)
+    dist.all_to_all_single(recv_counts, counts, group=group)           # [W * L]: (source w, local l)
+    recv_counts = recv_counts.reshape(W, L)
+    send_splits = counts.reshape(W, L).sum(1)
+    recv_splits = recv_counts.sum(1)
+    # The one host synchronisation: the split sizes of the row exchange.
+    splits = torch.cat([send_splits, recv_splits]).tolist()
+    send_splits, recv_splits = splits[:W], splits[W:]
+    n_send, n_recv = sum(send_splits), sum(recv_splits)
+
+    rows_x = p.x if p.x.shape[0] == n_send else p.x[:n_send]           # invalid ids: rows past offsets[E]
+    rows_p = p.probs if p.probs.shape[0] == n_send else p.probs[:n_send]
+    recv_x = all_to_all(rows_x, recv_splits, send_splits, group)
+    recv_p = all_to_all(rows_p, recv_splits, send_splits, group)
+
+    dest, inv = _regroup_index_n(recv_counts, n_recv)
+    local_x = recv_x.index_select(0, inv)
+    local_p = recv_p.index_select(0, inv)
+    local_offsets = nn.functional.pad(torch.cumsum(recv_counts.sum(0), 0), (1, 0)).to(torch.int32)
+    local_y = layer(local_x, local_offsets, local_p)
+    back_y = all_to_all(local_y.index_select(0, dest), send_splits, recv_splits, group)
+    return unpermute(back_y, p.row_map)
+
+
+def _capacity_forward(x, expert_ids, probs, layer, E, W, L, C, group):
+    T, K = expert_ids.shape
+    dev = x.device
+    # Permute's capacity decides which slots are kept (its row map); the rows are then written
+    # straight into the padded layout [E, C] (expert e's j-th kept row at e * C + j) by permute_by_map.
+    with torch.no_grad():
+        p = permute(x, expert_ids, None, experts=E, capacity=C)
+        ids = expert_ids.to(torch.int64).clamp(0, E - 1)
+        start = p.offsets.to(torch.int64)[ids]
+        kept = p.row_map >= 0
+        row_map = torch.where(kept, ids * C + (p.row_map.to(torch.int64) - start), -1).to(torch.int32)
+    rows = E * C
+    padded = permute_by_map(x, row_map, probs, rows=rows)              # [W * L * C] rows, zeros padded
+    recv_x = all_to_all(padded.x, None, None, group)                   # [W (source), L, C, H]
+    recv_p = all_to_all(padded.probs, None, None, group)
+    H = x.shape[-1]
+    local_x = recv_x.reshape(W, L, C, H).transpose(0, 1).reshape(L * W * C, H)
+    local_p = recv_p.reshape(W, L, C).transpose(0, 1).reshape(L * W * C)
+    local_offsets = torch.arange(L + 1, dtype=torch.int32, device=dev) * (W * C)
+    local_y = layer(local_x, local_offsets, local_p)
+    back = local_y.reshape(L, W, C, H).transpose(0, 1).reshape(W * L * C, H)
+    back_y = all_to_all(back, None, None, group)
+    return unpermute(back_y, row_map)
+
+
+class ExpertParallelMLP(nn.Module):
+    """E experts of a GroupedMLP spread over the ranks of `group` (default: the world): this rank holds
+    `local` = GroupedMLP(hidden, ffn, E / ep_size, ...) for global experts
+    [rank * E_local, (rank + 1) * E_local). forward(x [T, H], expert_ids [T, K], probs [T, K] or None)
+    -> y bf16 [T, H] for this rank's tokens. See the module docstring (mxmoe_torch._ep) for the
+    exchange, the capacity mode and what is a TODO.
+
+    The group must be initialised; every rank of it must call forward (and backward) together, with
+    the same capacity mode (and the same T with a capacity_factor, so that C agrees)."""
+
+    def __init__(self, hidden, ffn, experts, group=None, activation="swiglu", glu_layout="halves", bias=False,
+                 recipe="mxfp8", *, capacity_factor=None, scale_fc2_bias=False, limit=7.0, alpha=1.702,
+                 linear_offset=1.0, cache_prepared_weights=True, device=None):
+        super().__init__()
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(_error("torch.distributed must be initialised (init_process_group) first"))
+        self.group = group
+        self.ep_size = dist.get_world_size(group)
+        self.ep_rank = dist.get_rank(group)
+        if isinstance(experts, bool) or not isinstance(experts, int) or experts <= 0:
+            raise ValueError(_error(f"experts must be a positive int, got {experts!r}"))
+        if experts % self.ep_size:
+            raise ValueError(_error(f"experts={experts} must be divisible by the group size {self.ep_size}"))
+        self.experts = experts
+        self.local_experts = experts // self.ep_size
+        self.first_expert = self.ep_rank * self.local_experts
+        expert_capacity(capacity_factor, 1, 1, 1)  # checks the factor (None or finite > 0)
+        self.capacity_factor = capacity_factor
+        self.local = GroupedMLP(hidden, ffn, self.local_experts, activation, glu_layout, bias, recipe,
+                                scale_fc2_bias=scale_fc2_bias, limit=limit, alpha=alpha, linear_offset=linear_offset,
+                                cache_prepared_weights=cache_prepared_weights, device=device)
+        self.hidden, self.ffn = self.local.hidden, self.local.ffn
+
+    @property
+    def recipe(self):
+        return self.local.recipe
+
+    def capacity(self, tokens, top_k):
+        """C = ceil(capacity_factor * tokens * top_k / experts) rows per expert per source rank (-1: none)."""
+        return expert_capacity(self.capacity_factor, tokens, top_k, self.experts)
+
+    @classmethod
+    def from_grouped_mlp(cls, layer, group=None, *, capacity_factor=None, device=None):
+        """This rank's slice of a full GroupedMLP (`layer`, E experts, the same on every rank): the
+        configuration is copied and w1, w2 (b1, b2) [rank * E_local : (rank + 1) * E_local] are copied in."""
+        recipe, activation, limit, alpha, linear_offset, glu_layout, scale_fc2_bias = layer.config
+        ep = cls(layer.hidden, layer.ffn, layer.experts, group, activation, glu_layout, layer.b1 is not None, recipe,
+                 capacity_factor=capacity_factor, scale_fc2_bias=scale_fc2_bias, limit=limit, alpha=alpha,
+                 linear_offset=linear_offset, cache_prepared_weights=layer.cache_prepared_weights,
+                 device=device if device is not None else layer.w1.device)
+        ep.load_from_full(layer)
+        return ep
+
+    def expert_slice(self):
+        """The slice of global expert indices held here."""
+        return slice(self.first_expert, self.first_expert + self.local_experts)
+
+    def load_from_full(self, layer):
+        """Copies this rank's experts out of a full GroupedMLP (or a dict with w1, w2[, b1, b2] [E, ...])."""
+        get = (lambda n: layer[n] if n in layer else None) if isinstance(layer, dict) else \
+            (lambda n: getattr(layer, n))
+        s = self.expert_slice()
+        with torch.no_grad():
+            for name in ("w1", "w2", "b1", "b2"):
+                mine, full = getattr(self.local, name), get(name)
+                if mine is None:
+                    continue
+                if full is None or full.shape[0] != self.experts or full.shape[1:] != mine.shape[1:]:
+                    raise ValueError(_error(f"{name}: the full layer's tensor must be [{self.experts}, "
+                                            f"{', '.join(map(str, mine.shape[1:]))}]"))
+                mine.copy_(full[s])
+
+    def forward(self, x, expert_ids, probs=None):
+        """x [T, H] (cast to bf16), expert_ids [T, K] global ids, probs [T, K] or None -> y bf16 [T, H]."""
+        if x.dim() != 2 or x.shape[1] != self.hidden:
+            raise ValueError(_error(f"x must be [T, hidden={self.hidden}], got {tuple(x.shape)}"))
+        if expert_ids.dim() != 2 or expert_ids.shape[0] != x.shape[0]:
+            raise ValueError(_error(f"expert_ids must be [T={x.shape[0]}, K], got {tuple(expert_ids.shape)}"))
+        if probs is not None and probs.shape != expert_ids.shape:
+            raise ValueError(_error(f"probs must be like expert_ids {tuple(expert_ids.shape)}, got "
+                                    f"{tuple(probs.shape)}"))
+        T, K = expert_ids.shape
+        capacity = self.capacity(T, K)
+        return expert_parallel_mlp(x, expert_ids, probs, self.local, experts=self.experts, group=self.group,
+                                   capacity=capacity)
+
+    def extra_repr(self):
+        return (f"experts={self.experts}, ep_size={self.ep_size}, ep_rank={self.ep_rank}, "
+                f"local_experts={self.local_experts}, capacity_factor={self.capacity_factor}")

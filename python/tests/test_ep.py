@@ -1,0 +1,206 @@
+"""mxmoe_torch.ExpertParallelMLP over torch.distributed (gloo, two CPU processes) against the
+single-process GroupedMLP on the concatenated global batch.
+
+Two ranks, E = 4 experts (2 per rank), each rank with its own T = 24 tokens, top-2. Every case
+compares y (each rank's tokens), dx (per rank), dprobs (per rank), and dW1, dW2 (db1, db2 with
+bias) of each rank's local experts against the corresponding slice of the full layer's gradients,
+for recipe "bf16" and "mxfp8", without a capacity and with capacity_factor 0.75 (which drops rows).
+
+The reference for the capacity mode is the single-process permute/GroupedMLP/unpermute on the global
+batch where every slot that its source rank drops (permute with capacity C on that rank's tokens:
+each expert keeps its first C slots in token, then slot order) is given an invalid expert id, so it
+is dropped there too; the remaining rows of each expert are in the same order in both (rank 0's
+tokens, then rank 1's, in token then slot order).
+
+Tolerances. Without a capacity each expert sees exactly the rows of the single-process run in the
+same order and in a group of the same size, and every step (row-wise GEMMs, per-row MXFP8 blocks,
+column-wise MXFP8 blocks restarting at each group, the per-group dW sums, the fp32 slot-order
+unpermute sums) is done on the same values in the same order: everything is expected bit-exact and
+is checked with equality, for both recipes. With a capacity the EP layer runs each expert over
+ep_size * C rows with zero padding rows between the ranks' blocks: y, dx and dprobs depend on a
+row's own values only and stay bit-exact; dW sums the same non-zero products plus exact zeros, but
+the zero rows shift where the kernel's blocks start (and, for mxfp8, where the column-wise 32-row
+quantization blocks of X and dY^T start, which changes their shared E8M0 scales), so dW is compared
+with a relative Frobenius error bound: 1e-5 for bf16 (fp32 accumulation order only; a bf16 result
+rounding may flip, ~2^-9 per element at most) and 0.1 for mxfp8 (the recipe's bound vs an
+unquantized reference, docs/numerics.md; different block boundaries are two different MXFP8
+quantizations of the same data). The measured errors are printed (pytest -s).
+
+The NCCL path (two GPUs, the same worker with backend "nccl") is skipped with a reason when fewer
+than two GPUs exist.
+
+Run: PYTHONPATH=python MXMOE_TORCH_LIBRARY=<build>/python/libmxmoe_torch.so python -m pytest python/tests/test_ep.py
+"""
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import mxmoe_torch
+from mxmoe_torch._moe import expert_capacity
+
+WORLD = 2
+E, H, F, T, K = 4, 64, 32, 24, 2
+CASES = [  # (recipe, capacity_factor, bias)
+    ("bf16", None, False),
+    ("mxfp8", None, False),
+    ("bf16", 0.75, False),
+    ("mxfp8", 0.75, False),
+    ("bf16", None, True),
+]
+DW_TOLERANCE = {"bf16": 1e-5, "mxfp8": 0.1}
+
+
+def rel_error(got, want):
+    got, want = got.double(), want.double()
+    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+def make_data(case_index, recipe, bias):
+    """The full layer's weights and every rank's tokens, ids, probs and upstream gradient (CPU)."""
+    g = torch.Generator().manual_seed(1234 + case_index)
+    full = {"w1": (torch.randn(E, 2 * F, H, generator=g) / H ** 0.5).bfloat16(),
+            "w2": (torch.randn(E, H, F, generator=g) / F ** 0.5).bfloat16()}
+    if bias:
+        full["b1"] = (torch.randn(E, 2 * F, generator=g) * 0.1).bfloat16()
+        full["b2"] = (torch.randn(E, H, generator=g) * 0.1).bfloat16()
+    ranks = []
+    for _ in range(WORLD):
+        x = torch.randn(T, H, generator=g).bfloat16()
+        # Skewed routing (expert 0 is popular) so the capacity drops rows.
+        logits = torch.randn(T, E, generator=g) + torch.tensor([1.0, 0.3, 0.0, -0.3])
+        top, ids = torch.topk(logits.softmax(-1), K, dim=-1)
+        probs = top / top.sum(-1, keepdim=True)
+        dy = torch.randn(T, H, generator=g)
+        ranks.append((x, ids, probs, dy))
+    return full, ranks
+
+
+def make_layer(full, recipe, experts, device):
+    layer = mxmoe_torch.GroupedMLP(H, F, experts, bias="b1" in full, recipe=recipe, device=device)
+    with torch.no_grad():
+        for name, value in full.items():
+            getattr(layer, name).copy_(value)
+    return layer
+
+
+def _worker(rank, init_method, backend, out_dir):
+    torch.set_num_threads(1)
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=WORLD)
+    try:
+        results = []
+        for i, (recipe, factor, bias) in enumerate(CASES):
+            full, ranks = make_data(i, recipe, bias)
+            ep = mxmoe_torch.ExpertParallelMLP.from_grouped_mlp(make_layer(full, recipe, E, device),
+                                                                capacity_factor=factor, device=device)
+            x, ids, probs, dy = (t.to(device) for t in ranks[rank])
+            x.requires_grad_(True)
+            probs.requires_grad_(True)
+            y = ep(x, ids, probs)
+            (y.float() * dy).sum().backward()
+            grads = {n: getattr(ep.local, n).grad.cpu() for n in ("w1", "w2", "b1", "b2")
+                     if getattr(ep.local, n) is not None}
+            results.append({"y": y.detach().cpu(), "dx": x.grad.cpu(), "dprobs": probs.grad.cpu(), **grads,
+                            "slice": (ep.expert_slice().start, ep.expert_slice().stop)})
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def reference(case_index, recipe, factor, bias, device):
+    """Single-process permute -> GroupedMLP -> unpermute on the global batch, with the slots each source
+    rank drops (capacity C per expert per rank) given an invalid id."""
+    full, ranks = make_data(case_index, recipe, bias)
+    ids_all, dropped = [], 0
+    for x, ids, _, _ in ranks:
+        if factor is not None:
+            C = expert_capacity(factor, T, K, E)
+            kept = mxmoe_torch.permute(x, ids, experts=E, capacity=C).row_map >= 0
+            ids = torch.where(kept, ids, torch.full_like(ids, -1))
+            dropped += int((~kept).sum())
+        ids_all.append(ids)
+    x = torch.cat([r[0] for r in ranks]).to(device).requires_grad_(True)
+    probs = torch.cat([r[2] for r in ranks]).to(device).requires_grad_(True)
+    dy = torch.cat([r[3] for r in ranks]).to(device)
+    ids = torch.cat(ids_all).to(device)
+    layer = make_layer(full, recipe, E, device)
+    p = mxmoe_torch.permute(x, ids, probs, experts=E)
+    n = int(p.offsets[-1])
+    y = mxmoe_torch.unpermute(layer(p.x[:n], p.offsets, p.probs[:n]), p.row_map)
+    (y.float() * dy).sum().backward()
+    grads = {n: getattr(layer, n).grad.cpu() for n in ("w1", "w2", "b1", "b2") if getattr(layer, n) is not None}
+    return {"y": y.detach().cpu(), "dx": x.grad.cpu(), "dprobs": probs.grad.cpu(), **grads}, dropped
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_and_compare(backend, tmp_path, device):
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    mp.spawn(_worker, args=(init_method, backend, str(tmp_path)), nprocs=WORLD, join=True)
+    got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    for i, (recipe, factor, bias) in enumerate(CASES):
+        want, dropped = reference(i, recipe, factor, bias, device)
+        name = f"case {i} recipe={recipe} capacity_factor={factor} bias={bias}"
+        if factor is not None:
+            assert dropped > 0, f"{name}: the capacity should drop rows"
+        for r in range(WORLD):
+            rows = slice(r * T, (r + 1) * T)
+            for key in ("y", "dx", "dprobs"):
+                diff = (got[r][i][key].float() - want[key][rows].float()).abs().max().item()
+                print(f"{name} rank {r} {key}: max |diff| {diff}")
+                assert torch.equal(got[r][i][key], want[key][rows]), f"{name} rank {r} {key}: max |diff| {diff}"
+            s = slice(*got[r][i]["slice"])
+            for key in ("w1", "w2", "b1", "b2"):
+                if key not in want:
+                    continue
+                g, w = got[r][i][key], want[key][s]
+                err = rel_error(g, w)
+                print(f"{name} rank {r} d{key}: rel error {err:.3g}, bit-exact {torch.equal(g, w)}")
+                if factor is None:
+                    assert torch.equal(g, w), f"{name} rank {r} d{key}: rel error {err}"
+                else:
+                    assert err <= DW_TOLERANCE[recipe], f"{name} rank {r} d{key}: rel error {err}"
+
+
+def test_expert_parallel_gloo(tmp_path):
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    run_and_compare("gloo", tmp_path, torch.device("cpu"))
+
+
+def test_expert_parallel_nccl(tmp_path):
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n < 2:
+        pytest.skip(f"the NCCL expert-parallel test needs 2 GPUs, found {n}")
+    if not dist.is_nccl_available():
+        pytest.skip("torch.distributed was built without NCCL")
+    run_and_compare("nccl", tmp_path, torch.device("cuda", 0))
+
+
+def test_regroup_index():
+    from mxmoe_torch._ep import _regroup_index_n
+    counts = torch.tensor([[2, 0, 1], [1, 3, 0]])  # W = 2 sources, L = 3 local experts
+    n = int(counts.sum())
+    dest, inv = _regroup_index_n(counts, n)
+    # received rows: (w0,l0) a0 a1 | (w0,l2) c0 | (w1,l0) d0 | (w1,l1) e0 e1 e2
+    # by expert:     l0: a0 a1 d0 | l1: e0 e1 e2 | l2: c0
+    assert dest.tolist() == [0, 1, 6, 2, 3, 4, 5]
+    assert inv.tolist() == [0, 1, 3, 4, 5, 6, 2]
+
+
+def test_needs_initialised_group():
+    if dist.is_available() and dist.is_initialized():
+        pytest.skip("a process group is already initialised here")
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        mxmoe_torch.ExpertParallelMLP(H, F, E, recipe="bf16")

@@ -22,14 +22,14 @@ Forward (the all-to-all dispatcher of Megatron-LM, over torch.distributed):
 
 Everything is differentiable in x, probs and the local experts' parameters: the all-to-all of rows
 is an autograd Function whose backward is the reverse all-to-all (torch.distributed.nn.functional's
-all_to_all_single does the same but is deprecated and warns on every call). The local experts'
+all_to_all_single has the same backward but is deprecated and warns on every call). The local experts'
 weight gradients are complete on their rank (every token routed to them arrived there): no
 all-reduce of expert gradients over the EP group is needed. Gradients of parameters replicated
 over the EP group (a router, say) still need the usual data-parallel reduction.
 
 Capacity (capacity_factor, None: no limit). C = ceil(capacity_factor * T * K / E), T this rank's
-token count (the exact integer arithmetic of MoE.capacity; every rank must have the same T for the
-splits to agree, which the forward checks with no host read only through the collective's sizes).
+token count (the exact integer arithmetic of MoE.capacity). Every rank must have the same T, so that
+C and hence the fixed split sizes agree (nothing checks it: a mismatch makes the collective fail).
 Drop policy: on each source rank, each expert keeps its first C slots in (token, slot) order, the
 order of mxmoe_torch.permute's capacity, and drops the rest; a dropped slot adds nothing to its
 token (a token whose slots are all dropped gets y = 0). An expert thus receives at most ep_size * C
@@ -122,7 +122,6 @@ def expert_parallel_mlp(x, expert_ids, probs, layer, *, experts, group=None, cap
         raise ValueError(_error(f"the local GroupedMLP must have experts / ep_size = {L} experts, "
                                 f"got {layer.experts}"))
     T, K = expert_ids.shape
-    H = x.shape[-1]
     dev = x.device
     x = x.to(torch.bfloat16)
     if probs is None:
@@ -157,7 +156,6 @@ def expert_parallel_mlp(x, expert_ids, probs, layer, *, experts, group=None, cap
 
 
 def _capacity_forward(x, expert_ids, probs, layer, E, W, L, C, group):
-    T, K = expert_ids.shape
     dev = x.device
     # Permute's capacity decides which slots are kept (its row map); the rows are then written
     # straight into the padded layout [E, C] (expert e's j-th kept row at e * C + j) by permute_by_map.

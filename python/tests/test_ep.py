@@ -1,10 +1,12 @@
 """mxmoe_torch.ExpertParallelMLP over torch.distributed (gloo, two CPU processes) against the
 single-process GroupedMLP on the concatenated global batch.
 
-Two ranks, E = 4 experts (2 per rank), each rank with its own T = 24 tokens, top-2. Every case
-compares y (each rank's tokens), dx (per rank), dprobs (per rank), and dW1, dW2 (db1, db2 with
-bias) of each rank's local experts against the corresponding slice of the full layer's gradients,
-for recipe "bf16" and "mxfp8", without a capacity and with capacity_factor 0.75 (which drops rows).
+Two ranks, E = 4 experts (2 per rank), each rank with its own tokens (24 each; 72 each; and unequal
+counts 24/13 and 40/8 with some ids outside [0, E), which are dropped), top-2. Every case compares y
+(each rank's tokens), dx (per rank), dprobs (per rank), and dW1, dW2 (db1, db2 with bias) of each
+rank's local experts against the corresponding slice of the full layer's gradients, for recipe
+"bf16" and "mxfp8", without a capacity and with capacity_factor 0.75 (which drops rows: the test
+checks that some are dropped).
 
 The reference for the capacity mode is the single-process permute/GroupedMLP/unpermute on the global
 batch where every slot that its source rank drops (permute with capacity C on that rank's tokens:
@@ -21,10 +23,14 @@ ep_size * C rows with zero padding rows between the ranks' blocks: y, dx and dpr
 row's own values only and stay bit-exact; dW sums the same non-zero products plus exact zeros, but
 the zero rows shift where the kernel's blocks start (and, for mxfp8, where the column-wise 32-row
 quantization blocks of X and dY^T start, which changes their shared E8M0 scales), so dW is compared
-with a relative Frobenius error bound: 1e-5 for bf16 (fp32 accumulation order only; a bf16 result
-rounding may flip, ~2^-9 per element at most) and 0.1 for mxfp8 (the recipe's bound vs an
-unquantized reference, docs/numerics.md; different block boundaries are two different MXFP8
-quantizations of the same data). The measured errors are printed (pytest -s).
+with a relative Frobenius error bound: 4e-3 for bf16 (fp32 accumulation order only, then one
+rounding to bf16 that may land on the neighbouring value: at most 2^-8 relative per element) and
+0.1 for mxfp8 (the recipe's bound vs an unquantized reference, docs/numerics.md; different block
+boundaries are two different MXFP8 quantizations of the same data). The measured errors are printed (pytest -s). Measured on the CPU
+(torch 2.15, reference backend): every output and every gradient of every case is bit-identical,
+the capacity cases included; there the zero rows add exact zeros, and for mxfp8 the shifted 32-row
+blocks happened to get the same power-of-two scales (these data, a block amax of normal values), so
+the bound is not used; it is kept because neither is guaranteed.
 
 The NCCL path (two GPUs, the same worker with backend "nccl") is skipped with a reason when fewer
 than two GPUs exist.
@@ -44,15 +50,19 @@ import mxmoe_torch
 from mxmoe_torch._moe import expert_capacity
 
 WORLD = 2
-E, H, F, T, K = 4, 64, 32, 24, 2
-CASES = [  # (recipe, capacity_factor, bias)
-    ("bf16", None, False),
-    ("mxfp8", None, False),
-    ("bf16", 0.75, False),
-    ("mxfp8", 0.75, False),
-    ("bf16", None, True),
+E, H, F, K = 4, 64, 32, 2
+CASES = [  # (recipe, capacity_factor, bias, tokens per rank, invalid ids)
+    ("bf16", None, False, (24, 24), False),
+    ("mxfp8", None, False, (24, 24), False),
+    ("bf16", 0.75, False, (24, 24), False),
+    ("mxfp8", 0.75, False, (24, 24), False),
+    # 72 tokens: C = 27, so each local expert runs 54 rows, more than one 32-row MXFP8 block.
+    ("mxfp8", 0.75, True, (72, 72), False),
+    # Different token counts per rank and ids outside [0, E) (dropped), no capacity.
+    ("bf16", None, True, (24, 13), True),
+    ("mxfp8", None, False, (40, 8), True),
 ]
-DW_TOLERANCE = {"bf16": 1e-5, "mxfp8": 0.1}
+DW_TOLERANCE = {"bf16": 4e-3, "mxfp8": 0.1}
 
 
 def rel_error(got, want):
@@ -60,7 +70,7 @@ def rel_error(got, want):
     return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
 
 
-def make_data(case_index, recipe, bias):
+def make_data(case_index, recipe, bias, tokens, invalid):
     """The full layer's weights and every rank's tokens, ids, probs and upstream gradient (CPU)."""
     g = torch.Generator().manual_seed(1234 + case_index)
     full = {"w1": (torch.randn(E, 2 * F, H, generator=g) / H ** 0.5).bfloat16(),
@@ -69,12 +79,15 @@ def make_data(case_index, recipe, bias):
         full["b1"] = (torch.randn(E, 2 * F, generator=g) * 0.1).bfloat16()
         full["b2"] = (torch.randn(E, H, generator=g) * 0.1).bfloat16()
     ranks = []
-    for _ in range(WORLD):
+    for T in tokens:
         x = torch.randn(T, H, generator=g).bfloat16()
         # Skewed routing (expert 0 is popular) so the capacity drops rows.
         logits = torch.randn(T, E, generator=g) + torch.tensor([1.0, 0.3, 0.0, -0.3])
         top, ids = torch.topk(logits.softmax(-1), K, dim=-1)
         probs = top / top.sum(-1, keepdim=True)
+        if invalid:
+            ids[1::5, 1] = E  # dropped by permute (counted as invalid)
+            ids[3, 0] = -1
         dy = torch.randn(T, H, generator=g)
         ranks.append((x, ids, probs, dy))
     return full, ranks
@@ -96,8 +109,8 @@ def _worker(rank, init_method, backend, out_dir):
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=WORLD)
     try:
         results = []
-        for i, (recipe, factor, bias) in enumerate(CASES):
-            full, ranks = make_data(i, recipe, bias)
+        for i, (recipe, factor, bias, tokens, invalid) in enumerate(CASES):
+            full, ranks = make_data(i, recipe, bias, tokens, invalid)
             ep = mxmoe_torch.ExpertParallelMLP.from_grouped_mlp(make_layer(full, recipe, E, device),
                                                                 capacity_factor=factor, device=device)
             x, ids, probs, dy = (t.to(device) for t in ranks[rank])
@@ -114,14 +127,14 @@ def _worker(rank, init_method, backend, out_dir):
         dist.destroy_process_group()
 
 
-def reference(case_index, recipe, factor, bias, device):
+def reference(case_index, recipe, factor, bias, tokens, invalid, device):
     """Single-process permute -> GroupedMLP -> unpermute on the global batch, with the slots each source
     rank drops (capacity C per expert per rank) given an invalid id."""
-    full, ranks = make_data(case_index, recipe, bias)
+    full, ranks = make_data(case_index, recipe, bias, tokens, invalid)
     ids_all, dropped = [], 0
     for x, ids, _, _ in ranks:
         if factor is not None:
-            C = expert_capacity(factor, T, K, E)
+            C = expert_capacity(factor, x.shape[0], K, E)
             kept = mxmoe_torch.permute(x, ids, experts=E, capacity=C).row_map >= 0
             ids = torch.where(kept, ids, torch.full_like(ids, -1))
             dropped += int((~kept).sum())
@@ -149,13 +162,13 @@ def run_and_compare(backend, tmp_path, device):
     init_method = f"tcp://127.0.0.1:{free_port()}"
     mp.spawn(_worker, args=(init_method, backend, str(tmp_path)), nprocs=WORLD, join=True)
     got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
-    for i, (recipe, factor, bias) in enumerate(CASES):
-        want, dropped = reference(i, recipe, factor, bias, device)
-        name = f"case {i} recipe={recipe} capacity_factor={factor} bias={bias}"
+    for i, (recipe, factor, bias, tokens, invalid) in enumerate(CASES):
+        want, dropped = reference(i, recipe, factor, bias, tokens, invalid, device)
+        name = f"case {i} recipe={recipe} capacity_factor={factor} bias={bias} tokens={tokens}"
         if factor is not None:
             assert dropped > 0, f"{name}: the capacity should drop rows"
         for r in range(WORLD):
-            rows = slice(r * T, (r + 1) * T)
+            rows = slice(sum(tokens[:r]), sum(tokens[:r + 1]))
             for key in ("y", "dx", "dprobs"):
                 diff = (got[r][i][key].float() - want[key][rows].float()).abs().max().item()
                 print(f"{name} rank {r} {key}: max |diff| {diff}")
@@ -185,6 +198,11 @@ def test_expert_parallel_nccl(tmp_path):
         pytest.skip(f"the NCCL expert-parallel test needs 2 GPUs, found {n}")
     if not dist.is_nccl_available():
         pytest.skip("torch.distributed was built without NCCL")
+    try:  # the permute steps need a CUDA backend (cuda_portable)
+        mxmoe_torch.permute(torch.zeros(1, H, dtype=torch.bfloat16, device="cuda"),
+                            torch.zeros(1, K, dtype=torch.int32, device="cuda"), experts=E)
+    except RuntimeError as error:
+        pytest.skip(f"mxmoe permute does not run on CUDA in this build: {error}")
     run_and_compare("nccl", tmp_path, torch.device("cuda", 0))
 
 

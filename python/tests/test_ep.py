@@ -2,7 +2,8 @@
 single-process GroupedMLP on the concatenated global batch.
 
 Two ranks, E = 4 experts (2 per rank), each rank with its own tokens (24 each; 72 each; and unequal
-counts 24/13 and 40/8 with some ids outside [0, E), which are dropped), top-2. Every case compares y
+counts 24/13 and 40/8 with some ids outside [0, E), which are dropped; and every slot routed to rank
+0's experts, so rank 1 receives no rows), top-2. Every case compares y
 (each rank's tokens), dx (per rank), dprobs (per rank), and dW1, dW2 (db1, db2 with bias) of each
 rank's local experts against the corresponding slice of the full layer's gradients, for recipe
 "bf16" and "mxfp8", without a capacity and with capacity_factor 0.75 (which drops rows: the test
@@ -61,6 +62,9 @@ CASES = [  # (recipe, capacity_factor, bias, tokens per rank, invalid ids)
     # Different token counts per rank and ids outside [0, E) (dropped), no capacity.
     ("bf16", None, True, (24, 13), True),
     ("mxfp8", None, False, (40, 8), True),
+    # Every slot routed to rank 0's experts: rank 1's experts receive no rows (empty splits, zero dW).
+    ("bf16", None, False, (24, 16), "rank0"),
+    ("mxfp8", 0.75, False, (24, 24), "rank0"),
 ]
 DW_TOLERANCE = {"bf16": 4e-3, "mxfp8": 0.1}
 
@@ -85,7 +89,9 @@ def make_data(case_index, recipe, bias, tokens, invalid):
         logits = torch.randn(T, E, generator=g) + torch.tensor([1.0, 0.3, 0.0, -0.3])
         top, ids = torch.topk(logits.softmax(-1), K, dim=-1)
         probs = top / top.sum(-1, keepdim=True)
-        if invalid:
+        if invalid == "rank0":
+            ids = ids % (E // WORLD)
+        elif invalid:
             ids[1::5, 1] = E  # dropped by permute (counted as invalid)
             ids[3, 0] = -1
         dy = torch.randn(T, H, generator=g)

@@ -3,7 +3,7 @@
 # label included), compute-sanitizer memcheck and racecheck over the kernel tests, the main job on
 # its GPU default (dsv3), the benchmark and the torch peer beside it. Logs go to $OUT (or ./out).
 # GoogleTest is not installed there: carry a copy in .deps/gtest (see docs/gpu_machine.md).
-#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench]...   (default: all but kernels, ncu)
+#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench|moe]...   (default: all but kernels, ncu, moe)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-out}")
@@ -84,6 +84,25 @@ for s in $steps; do
       summary "peer" "rc=$rc"
       [ $rc -eq 0 ] || tail -30 "$B/peer.log"
       [ -f "$OUT/bench.md" ] && sed '/^## All rows/q' "$OUT/bench.md" ;;  # header, layer vs compile, memory
+    moe)
+      # bench/moe_block_peer.py with the built extension: mxmoe permute/unpermute against PyTorch ops
+      # (argsort, gathers, index_add; eager and torch.compile) and the device copy, and the whole MoE block
+      # fwd+bwd (mxmoe_torch.MoE bf16/mxfp8 against a PyTorch BF16 block, eager and torch.compile), every
+      # preset (MOE_ARGS adds options, e.g. '--presets dsv3,mixtral' or '--parts block'). Once MOE_BUDGET
+      # seconds are spent, later presets skip torch.compile. $OUT gets moe_block.json, .md and .png; the
+      # log stays in $B and is shown when the run fails.
+      if [ -f $B/python/libmxmoe_torch.so ]; then
+        [ -s .scratch/commit.txt ] && export MXMOE_TREE="$(cat .scratch/commit.txt) (from .scratch/commit.txt)"
+        PYTHONPATH=python MXMOE_TORCH_LIBRARY="$PWD/$B/python/libmxmoe_torch.so" PYTHONUNBUFFERED=1 \
+          timeout ${MOE_TIMEOUT:-480} python3 bench/moe_block_peer.py --out-dir "$OUT" --warmup 3 --iters 10 \
+          --time-budget ${MOE_BUDGET:-300} ${MOE_ARGS:-} >"$B/moe_block.log" 2>&1; rc=$?
+        summary "moe block peer" "rc=$rc"
+        [ $rc -eq 0 ] || tail -30 "$B/moe_block.log"
+        [ -f "$OUT/moe_block.md" ] && sed '/^### Every permute/q' "$OUT/moe_block.md" \
+          && sed -n '/^## The MoE block/,/^### Every block cell/p' "$OUT/moe_block.md"
+      else
+        summary "moe block peer" "skipped: the torch extension was not built (PyTorch not found at configure time)"
+      fi ;;
   esac
 done
 cat "$OUT/summary.txt"

@@ -39,13 +39,18 @@ inline constexpr int kGluBwdRow = 4 * kGluBwdPass;
 inline constexpr int kGluBwdStageBytes = 64 * kGluBwdRow;
 inline constexpr int kGluBwdEpiBytes = 2 * kGluBwdStageBytes + 8 * 2 * kGluBwdPass * 4;
 
-template <int BN_, Major AMajor_, Major BMajor_, Grouping G_, Epi E_, int Cluster_ = 1>
+// Fp8A: A is MXFP8 row-wise (e4m3 tokens [T, K] + E8M0 scales, m-grouped, K-major): TMA brings
+// [128][64] bytes with 64-byte swizzle, the consumers turn them into BF16 wgmma A fragments in
+// registers (value x 2^(scale - 127), exact) and run register-A wgmma (RS) against B in BF16.
+template <int BN_, Major AMajor_, Major BMajor_, Grouping G_, Epi E_, int Cluster_ = 1, bool Fp8A_ = false>
 struct KernelConfig {
   static constexpr int kBlockN = BN_;
   static constexpr Major kAMajor = AMajor_, kBMajor = BMajor_;
   static constexpr Grouping kGrouping = G_;
   static constexpr Epi kEpi = E_;
-  static constexpr int kStageA = kBlockM * kBlockK * 2;  // (128, 64) K-major or 2 x (64 k, 64 m)
+  static constexpr bool kFp8A = Fp8A_;
+  static_assert(!Fp8A_ || (G_ == Grouping::m && AMajor_ == Major::k), "FP8 A: m-grouped, K-major tokens");
+  static constexpr int kStageA = kBlockM * kBlockK * (Fp8A_ ? 1 : 2);  // (128, 64) K-major or 2 x (64 k, 64 m)
   static constexpr int kStageB = kBlockN * kBlockK * 2;  // (BN, 64) K-major or BN/64 x (64 k, 64 n)
   static constexpr int kStageBytes = kStageA + kStageB;
   // The epilogue's shared memory (epilogue.cuh): a 64-row x 256-byte output stage per consumer warp
@@ -250,6 +255,24 @@ MXMOE_SM90_GMMA(192)
 MXMOE_SM90_GMMA(256)
 #undef MXMOE_SM90_GMMA
 
+template <int N, Major B>
+struct GmmaRS;
+#define MXMOE_SM90_GMMA_RS(N)                                                                                \
+  template <Major B>                                                                                         \
+  struct GmmaRS<N, B> {                                                                                      \
+    using Atom = cute::SM90::GMMA::MMA_64x##N##x16_F32BF16BF16_RS<                                           \
+        cute::SM90::GMMA::Major::K, B == Major::k ? cute::SM90::GMMA::Major::K : cute::SM90::GMMA::Major::MN>; \
+  };
+MXMOE_SM90_GMMA_RS(128)
+MXMOE_SM90_GMMA_RS(256)
+#undef MXMOE_SM90_GMMA_RS
+
+template <class Atom, int R, size_t... I>
+__device__ __forceinline__ void gmma_call_rs(const uint32_t (&a)[4], uint64_t db, float (&acc)[R],
+                                             std::index_sequence<I...>) {
+  Atom::fma(a[0], a[1], a[2], a[3], db, acc[I]..., cute::SM90::GMMA::ScaleOut::One);
+}
+
 template <class Atom, int R, size_t... I>
 __device__ __forceinline__ void gmma_call(uint64_t da, uint64_t db, float (&acc)[R], std::index_sequence<I...>) {
   Atom::fma(da, db, acc[I]..., cute::SM90::GMMA::ScaleOut::One);
@@ -271,6 +294,84 @@ __device__ __forceinline__ void mma_stage(const uint8_t* sa, const uint8_t* sb, 
       db = smem_desc_sw128(sb + kk * 16 * 128, kBoxBytes, 1024);
     gmma_call<Atom>(da, db, acc, std::make_index_sequence<Cfg::kBlockN / 2>{});
   }
+}
+
+// ---- FP8 A: dequantize in registers, register-A wgmma ----
+// E8M0 byte -> its f32 power of two: 2^(s - 127); 0 is 2^-127 (an f32 subnormal), 255 is NaN
+// (docs/numerics.md "Scale rule"), as e8m0_to_f32.
+__device__ __forceinline__ float e8m0_f32(uint32_t s) {
+  uint32_t bits = s == 0 ? 0x00400000u : (s << 23);
+  if (s == 255) bits = 0x7FC00000u;
+  return __uint_as_float(bits);
+}
+__device__ __forceinline__ uint32_t lds_u16(uint32_t addr) {
+  uint16_t v;
+  asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(addr));
+  return v;
+}
+// Two e4m3 values (low byte first) times the block scale -> a bf16x2 (low half first). e4m3 -> f16 is
+// exact (one F2FP), f16 -> f32 exact, the product is the f32 the CPU reference computes
+// (e4m3_to_f32(q) * e8m0_to_f32(s), NaN in either stays NaN) and has at most 4 significant bits, so
+// rounding it to bf16 is exact unless it is below bf16's normal range (scales < 2^-112).
+__device__ __forceinline__ uint32_t dequant_pair(uint32_t two, float s) {
+  uint32_t h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(static_cast<uint16_t>(two)));
+  float lo, hi;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"(static_cast<uint16_t>(h & 0xFFFF)));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"(static_cast<uint16_t>(h >> 16)));
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi * s), "f"(lo * s));
+  return r;
+}
+
+// Where the thread's two rows (r, r + 8 of the m64 fragment) find their scales: byte offsets of
+// k-block 0; k-block kb (64 values = scale columns 2kb, 2kb + 1, one aligned u16) adds 2kb (compact)
+// or (kb / 2) * 512 + (kb % 2) * 2 (swizzled 128 x 4 tiles). Rows past the tensor read the last row's
+// scales (their results are never stored; mxfp8_layout.h pads scales to 128 rows only).
+struct ScaleRows {
+  const uint8_t* row[2];
+  bool swizzled;
+  __device__ uint32_t load(int h, int kb) const {
+    const int64_t off = swizzled ? static_cast<int64_t>(kb >> 1) * 512 + (kb & 1) * 2 : 2 * static_cast<int64_t>(kb);
+    return __ldg(reinterpret_cast<const unsigned short*>(row[h] + off));
+  }
+};
+__device__ __forceinline__ ScaleRows scale_rows(const KernelParams& p, const Tile& t, int cw, int wtid) {
+  ScaleRows sr;
+  sr.swizzled = p.a_scale_swizzled;
+  const int64_t r0 = t.row0 + 64 * cw + 16 * (wtid / 32) + (wtid % 32) / 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    int64_t r = r0 + 8 * h;
+    if (r >= p.rows) r = p.rows - 1;
+    const int64_t c = p.a_scale_cols;
+    const int64_t off = sr.swizzled ? ((r / 128) * (c / 4)) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 : r * c;
+    sr.row[h] = p.a_scales + off;
+  }
+  return sr;
+}
+
+// The A fragment of k16 step kk for the thread (wgmma m64k16 register layout, per warp 16 rows:
+// regs {row g, k 2q..2q+1}, {row g+8, same k}, {row g, k 2q+8..2q+9}, {row g+8, same k}; g = lane/4,
+// q = lane%4) from the [128][64]-byte stage with TMA's 64-byte swizzle (16-byte chunk c of row r
+// at chunk c ^ ((r / 2) % 4)). `sc[h][j]`: scale of row h, 32-block j of the k-block.
+__device__ __forceinline__ void fp8_fragment(uint32_t sa, int cw, int wtid, int kk, const float (&sc)[2][2],
+                                             uint32_t (&a)[4]) {
+  const int lane = wtid % 32;
+  const int r = 64 * cw + 16 * (wtid / 32) + lane / 4;  // r and r + 8 share the swizzle phase
+  const uint32_t chunk = static_cast<uint32_t>((kk ^ ((r >> 1) & 3)) << 4);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t at = sa + static_cast<uint32_t>((r + 8 * h) * 64) + chunk + 2 * (lane % 4);
+    a[h] = dequant_pair(lds_u16(at), sc[h][kk / 2]);
+    a[2 + h] = dequant_pair(lds_u16(at + 8), sc[h][kk / 2]);
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ uint64_t b_desc(const uint8_t* sb, int kk) {
+  if constexpr (Cfg::kBMajor == Major::k) return smem_desc_sw128(sb + kk * 32, 16, 1024);
+  else return smem_desc_sw128(sb + kk * 16 * 128, kBoxBytes, 1024);
 }
 
 }  // namespace mxmoe::cuda::sm90
@@ -368,6 +469,47 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       int prev = -1;
       bool prev_zeroed = false, zeroed = false;
+      if constexpr (Cfg::kFp8A) {
+        // One commit group per k16 step, two in flight (as CUTLASS's RS mainloop): the fragment of
+        // step kk is dequantized while the two before it run; a[kk] is rewritten four groups later,
+        // after wgmma_wait<2> has retired its reader. The previous stage is released once the
+        // second group of the next one is issued (its last reader then has completed).
+        using Atom = typename GmmaRS<BN, Cfg::kBMajor>::Atom;
+        const ScaleRows sr = scale_rows(p, t, cw, ctid);
+        uint32_t s_raw[2] = {0, 0};
+        if (t.live && t.k_blocks > 0) s_raw[0] = sr.load(0, 0), s_raw[1] = sr.load(1, 0);
+        uint32_t a[4][4];
+        for (int kb = 0; kb < t.k_blocks; ++kb) {
+          mbar_wait(&full[stage], phase);
+          if (t.live) {
+            // Blocks past K (the zero-filled tail of the last k-block) take scale 1, not the
+            // padding byte (which may be 255, NaN).
+            const bool tail = 2 * kb + 1 >= p.a_k32;
+            float sc[2][2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              sc[h][0] = e8m0_f32(s_raw[h] & 0xFF);
+              sc[h][1] = tail ? 1.0f : e8m0_f32(s_raw[h] >> 8);
+            }
+            if (kb + 1 < t.k_blocks) s_raw[0] = sr.load(0, kb + 1), s_raw[1] = sr.load(1, kb + 1);
+            const uint32_t sa = smem_addr(stage_a(stage));
+            const uint8_t* sb = stage_b(stage);
+#pragma unroll
+            for (int kk = 0; kk < kBlockK / 16; ++kk) {
+              fp8_fragment(sa, cw, ctid, kk, sc, a[kk]);
+              wgmma_fence();
+              gmma_call_rs<Atom>(a[kk], b_desc<Cfg>(sb, kk), acc, std::make_index_sequence<BN / 2>{});
+              wgmma_commit();
+              wgmma_wait<2>();
+              if (kk == 1 && prev >= 0) release(prev, false);
+            }
+          } else if (prev >= 0) {
+            release(prev, false);
+          }
+          prev = stage;
+          if (++stage == kStages) stage = 0, phase ^= 1;
+        }
+      } else
       for (int kb = 0; kb < t.k_blocks; ++kb) {
         mbar_wait(&full[stage], phase);
         zeroed = false;

@@ -10,6 +10,7 @@
 
 #include "src/cuda/common/check.h"
 #include "src/cuda/common/reductions.h"
+#include "src/cuda/sm90/dequant_weights.h"
 #include "src/cuda/sm90/gemm_m_plan.h"
 #include "src/cuda/sm90/launch.cuh"
 #include "src/cuda/sm90/tensor_map.h"
@@ -29,6 +30,20 @@ using StoreKMNNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, 
 using GluFwd = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::glu_forward, kPair>;
 using GluBwd = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair>;
 using GluBwdNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair>;
+// MXFP8 A (e4m3 tokens dequantized in registers), B as the BF16 copy of its quantize-dequantize.
+constexpr bool kFp8A = true;
+using Fp8StoreKK = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::store, kPair, kFp8A>;
+using Fp8StoreKMN = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::store, kPair, kFp8A>;
+using Fp8StoreKKNarrow = KernelConfig<kNarrowN, Major::k, Major::k, Grouping::m, Epi::store, kPair, kFp8A>;
+using Fp8StoreKMNNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::store, kPair, kFp8A>;
+
+const TensorView& a_view(const detail::MGemmStep& s) { return s.gemm.a.is_mxfp8() ? s.gemm.a.mx.data : s.gemm.a.bf16; }
+int64_t a_rows(const detail::MGemmStep& s) { return a_view(s).shape[0]; }
+// Bytes of the BF16 copy of MXFP8 weights the kernel reads as B (0 for BF16 weights).
+int64_t b_bf16_bytes(const detail::MGemmStep& s) {
+  if (!s.gemm.b.is_mxfp8()) return 0;
+  return s.gemm.offsets.experts() * a_view(s).shape[1] * detail::gemm_width(s) * 2;
+}
 
 
 }  // namespace
@@ -44,15 +59,26 @@ int sm_count() {
 
 std::string gemm_m_refusal(const detail::MGemmStep& s) {
   const MGroupedGemmArgs& g = s.gemm;
-  if (g.a.is_mxfp8() || g.b.is_mxfp8()) return "MXFP8 operands: the sm90 MXFP8 kernels are not in this build yet";
+  if (g.a.is_mxfp8() != g.b.is_mxfp8()) return "one MXFP8 operand and one BF16 operand";
+  if (g.a.is_mxfp8()) {
+    if (s.epilogue != detail::Epilogue::store)
+      return "MXFP8 operands with a GLU epilogue: the sm90 MXFP8 kernels serve the store epilogue so far";
+    if (g.a.mx.axis != BlockAxis::row) return "MXFP8 A must be row-wise (blocks along K)";
+    const int64_t k = g.a.mx.data.shape[1];
+    if (k % 32 != 0) return "MXFP8 K = " + std::to_string(k) + " is not a multiple of 32";
+    if (!tma_aligned(g.a.mx.data.data)) return "MXFP8 A's address is not 16-byte aligned (TMA)";
+    if (reinterpret_cast<uintptr_t>(g.a.mx.scales.data) % 2 != 0) return "MXFP8 A's scales are not 2-byte aligned";
+    if (g.b.scales.per_expert()) return "per-expert MXFP8 weight scales: the sm90 path reads one [E, bytes] tensor";
+    if (reinterpret_cast<uintptr_t>(g.b.data.dense.data) % 8 != 0) return "MXFP8 B's data is not 8-byte aligned";
+  }
   if (g.b.data.per_expert())
     return "per-expert weight pointers: the sm90 kernels read one dense [E, ...] weight tensor through TMA";
   if (s.out_row.data.data != nullptr || s.out_col.data.data != nullptr)
     return "MXFP8 epilogue outputs: the sm90 quantizing epilogues are not in this build yet";
-  const int64_t k = g.a.bf16.shape[1], n = detail::gemm_width(s);
+  const int64_t k = a_view(s).shape[1], n = detail::gemm_width(s);
   if (k % 8 != 0) return "K = " + std::to_string(k) + " is not a multiple of 8 (TMA rows must be 16-byte aligned)";
   if (n % 8 != 0) return "N = " + std::to_string(n) + " is not a multiple of 8 (TMA rows must be 16-byte aligned)";
-  if (!tma_aligned(g.a.bf16.data) || !tma_aligned(g.b.data.dense.data))
+  if (!g.a.is_mxfp8() && (!tma_aligned(g.a.bf16.data) || !tma_aligned(g.b.data.dense.data)))
     return "an operand's address is not 16-byte aligned (TMA)";
   if (s.epilogue == detail::Epilogue::glu_forward && s.out_bf16.data == nullptr)
     return "glu_forward without a BF16 output";
@@ -78,24 +104,24 @@ int32_t out_tiles(const detail::MGemmStep& s, int bn) {
 }
 int64_t dprob_floats(const detail::MGemmStep& s, int bn) {
   const bool want = s.epilogue == detail::Epilogue::glu_backward && s.dprobs.data != nullptr;
-  return want ? static_cast<int64_t>(out_tiles(s, bn)) * s.gemm.a.bf16.shape[0] : 0;
+  return want ? static_cast<int64_t>(out_tiles(s, bn)) * a_rows(s) : 0;
 }
 int64_t db1_floats(const detail::MGemmStep& s) {
   const bool want = s.epilogue == detail::Epilogue::glu_backward && s.db1.dst.data != nullptr;
-  const int64_t rows = s.gemm.a.bf16.shape[0], experts = s.gemm.offsets.experts();
+  const int64_t rows = a_rows(s), experts = s.gemm.offsets.experts();
   return want ? static_cast<int64_t>(m_tiles_bound(rows, experts, kBlockM)) * 2 * s.ffn : 0;
 }
 }  // namespace
 
 int64_t gemm_m_workspace_bytes(const detail::MGemmStep& s, int bn) {
-  const int64_t rows = s.gemm.a.bf16.shape[0], experts = s.gemm.offsets.experts();
+  const int64_t rows = a_rows(s), experts = s.gemm.offsets.experts();
   return group_schedule_bytes(experts, rows, kBlockM) + Workspace::aligned(dprob_floats(s, bn) * 4) +
-         Workspace::aligned(db1_floats(s) * 4);
+         Workspace::aligned(db1_floats(s) * 4) + Workspace::aligned(b_bf16_bytes(s));
 }
 
 MPlan plan_gemm_m(const detail::MGemmStep& s, int bn, Workspace& ws, cudaStream_t stream) {
   const MGroupedGemmArgs& g = s.gemm;
-  const TensorView& av = g.a.bf16;
+  const TensorView& av = a_view(s);
   const int64_t rows = av.shape[0], k = av.shape[1], experts = g.offsets.experts();
   const int64_t n = detail::gemm_width(s);
   const bool glu_fwd = s.epilogue == detail::Epilogue::glu_forward;
@@ -131,8 +157,23 @@ MPlan plan_gemm_m(const detail::MGemmStep& s, int bn, Workspace& ws, cudaStream_
   if (rows == 0) return plan;
 
   const uint64_t K = static_cast<uint64_t>(k), E = static_cast<uint64_t>(experts);
-  plan.a = make_tensor_map_bf16("gemm.a", av.data, {K, static_cast<uint64_t>(rows)}, {K * 2}, {kBlockK, kBlockM});
   const void* w = g.b.data.dense.data;
+  if (g.a.is_mxfp8()) {
+    plan.a = make_tensor_map_u8_sw64("gemm.a", av.data, {K, static_cast<uint64_t>(rows)}, {K}, {kBlockK, kBlockM});
+    p.a_scales = static_cast<const uint8_t*>(g.a.mx.scales.data);
+    p.a_scale_cols = static_cast<int32_t>(rowwise_scale_cols(k));
+    p.a_k32 = static_cast<int32_t>(k / 32);
+    p.a_scale_swizzled = g.a.mx.layout == ScaleLayout::swizzled;
+    // B: the BF16 copy of the weights' quantize-dequantize, [E, N, K] row-wise or [E, K, N] (b_kn)
+    // column-wise, as the BF16 kernels read it.
+    uint16_t* wb = ws.take<uint16_t>(b_bf16_bytes(s) / 2);
+    const int64_t br = g.b_kn ? k : n, bc = g.b_kn ? n : k;
+    dequantize_expert_weights(static_cast<const uint8_t*>(w), static_cast<const uint8_t*>(g.b.scales.dense.data),
+                              experts, br, bc, g.b_kn, g.b.layout, wb, stream);
+    w = wb;
+  } else {
+    plan.a = make_tensor_map_bf16("gemm.a", av.data, {K, static_cast<uint64_t>(rows)}, {K * 2}, {kBlockK, kBlockM});
+  }
   const uint32_t half = static_cast<uint32_t>(bn / 2);  // B is loaded in two halves (pairs share them)
   if (glu_fwd) {
     const uint64_t F = static_cast<uint64_t>(s.ffn);
@@ -194,7 +235,15 @@ void gemm_m(const detail::MGemmStep& s, void* stream_ptr) {
       else launch<GluBwdNarrow>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
       break;
     case detail::Epilogue::store:
-      if (s.gemm.b_kn) {
+      if (s.gemm.a.is_mxfp8()) {
+        if (s.gemm.b_kn) {
+          if (wide) launch<Fp8StoreKMN>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+          else launch<Fp8StoreKMNNarrow>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+        } else {
+          if (wide) launch<Fp8StoreKK>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+          else launch<Fp8StoreKKNarrow>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+        }
+      } else if (s.gemm.b_kn) {
         if (wide) launch<StoreKMN>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
         else launch<StoreKMNNarrow>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
       } else {

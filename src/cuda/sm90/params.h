@@ -39,6 +39,13 @@ struct KernelParams {
   int64_t m = 0, n = 0;   // k-grouped D_e [m, n]; m-grouped n = the output width
   BLoad b_load = BLoad::k_rows;
 
+  // MXFP8 A (Fp8A kernels): e4m3 tokens through the A tensor map, their row-wise E8M0 scales here
+  // (mxfp8_layout.h: row * cols + k-block, or the swizzled 128 x 4 tiles), cols = roundup(K/32, 4).
+  const uint8_t* a_scales = nullptr;
+  int32_t a_scale_cols = 0;
+  int32_t a_k32 = 0;  // K / 32: scale columns past it are padding (any byte), read as 1
+  bool a_scale_swizzled = false;
+
   // store / wgrad
   void* d = nullptr;      // m-grouped store: [T, n] (bf16 or f32)
   ExpertPtrs d_experts;   // wgrad: D_e [m, n]

@@ -31,10 +31,9 @@ EncodeTiled encoder() {
   return fn;
 }
 
-}  // namespace
-
-CUtensorMap make_tensor_map_bf16(const char* what, const void* base, std::initializer_list<uint64_t> dims,
-                                 std::initializer_list<uint64_t> strides_bytes, std::initializer_list<uint32_t> box) {
+CUtensorMap make_tensor_map(const char* what, CUtensorMapDataType type, CUtensorMapSwizzle swizzle, const void* base,
+                            std::initializer_list<uint64_t> dims, std::initializer_list<uint64_t> strides_bytes,
+                            std::initializer_list<uint32_t> box) {
   constexpr int kMaxRank = 5;
   const int rank = static_cast<int>(dims.size());
   if (rank < 1 || rank > kMaxRank || static_cast<int>(strides_bytes.size()) != rank - 1 ||
@@ -49,8 +48,8 @@ CUtensorMap make_tensor_map_bf16(const char* what, const void* base, std::initia
   i = 0;
   for (uint32_t v : box) b[i] = v, e[i] = 1, ++i;
   CUtensorMap map{};
-  const CUresult r = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), d, s, b, e,
-                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+  const CUresult r = encoder()(&map, type, rank, const_cast<void*>(base), d, s, b, e,
+                               CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
                                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     std::ostringstream msg;
@@ -60,6 +59,19 @@ CUtensorMap make_tensor_map_bf16(const char* what, const void* base, std::initia
     throw Error(what, msg.str());
   }
   return map;
+}
+
+}  // namespace
+
+CUtensorMap make_tensor_map_bf16(const char* what, const void* base, std::initializer_list<uint64_t> dims,
+                                 std::initializer_list<uint64_t> strides_bytes, std::initializer_list<uint32_t> box) {
+  return make_tensor_map(what, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, CU_TENSOR_MAP_SWIZZLE_128B, base, dims, strides_bytes,
+                         box);
+}
+
+CUtensorMap make_tensor_map_u8_sw64(const char* what, const void* base, std::initializer_list<uint64_t> dims,
+                                    std::initializer_list<uint64_t> strides_bytes, std::initializer_list<uint32_t> box) {
+  return make_tensor_map(what, CU_TENSOR_MAP_DATA_TYPE_UINT8, CU_TENSOR_MAP_SWIZZLE_64B, base, dims, strides_bytes, box);
 }
 
 }  // namespace mxmoe::cuda::sm90

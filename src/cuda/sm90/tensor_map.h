@@ -1,4 +1,4 @@
-// TMA descriptors (CUtensorMap) for bf16 tensors with 128-byte swizzle, encoded on the host through
+// TMA descriptors (CUtensorMap) for bf16 tensors with 128-byte swizzle (and e4m3 bytes with 64-byte swizzle), encoded on the host through
 // the driver entry point that the runtime hands out (no link against libcuda). Encoding needs only
 // pointers and shapes, never device data, so it is legal while a stream is being captured.
 #pragma once
@@ -16,5 +16,8 @@ inline bool tma_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) %
 // Elements outside dims read as zero. Throws mxmoe::Error naming `what` if the driver refuses.
 CUtensorMap make_tensor_map_bf16(const char* what, const void* base, std::initializer_list<uint64_t> dims,
                                  std::initializer_list<uint64_t> strides_bytes, std::initializer_list<uint32_t> box);
+// Bytes (e4m3 data) with 64-byte swizzle: box[0] must be 64 (one 64-byte row per box row).
+CUtensorMap make_tensor_map_u8_sw64(const char* what, const void* base, std::initializer_list<uint64_t> dims,
+                                    std::initializer_list<uint64_t> strides_bytes, std::initializer_list<uint32_t> box);
 
 }  // namespace mxmoe::cuda::sm90

@@ -475,7 +475,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         // after wgmma_wait<2> has retired its reader. The previous stage is released once the
         // second group of the next one is issued (its last reader then has completed).
         using Atom = typename GmmaRS<BN, Cfg::kBMajor>::Atom;
-        const ScaleRows sr = scale_rows(p, t, cw, ctid);
+        const int wtid = ctid % 128;  // thread within the consumer warp group
+        const ScaleRows sr = scale_rows(p, t, cw, wtid);
         uint32_t s_raw[2] = {0, 0};
         if (t.live && t.k_blocks > 0) s_raw[0] = sr.load(0, 0), s_raw[1] = sr.load(1, 0);
         uint32_t a[4][4];
@@ -496,7 +497,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             const uint8_t* sb = stage_b(stage);
 #pragma unroll
             for (int kk = 0; kk < kBlockK / 16; ++kk) {
-              fp8_fragment(sa, cw, ctid, kk, sc, a[kk]);
+              fp8_fragment(sa, cw, wtid, kk, sc, a[kk]);
               wgmma_fence();
               gmma_call_rs<Atom>(a[kk], b_desc<Cfg>(sb, kk), acc, std::make_index_sequence<BN / 2>{});
               wgmma_commit();

@@ -10,7 +10,6 @@
 
 #include "src/cuda/common/check.h"
 #include "src/cuda/common/reductions.h"
-#include "src/cuda/sm90/dequant_weights.h"
 #include "src/cuda/sm90/gemm_m_plan.h"
 #include "src/cuda/sm90/launch.cuh"
 #include "src/cuda/sm90/tensor_map.h"
@@ -30,21 +29,16 @@ using StoreKMNNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, 
 using GluFwd = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::glu_forward, kPair>;
 using GluBwd = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair>;
 using GluBwdNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair>;
-// MXFP8 A (e4m3 tokens dequantized in registers), B as the BF16 copy of its quantize-dequantize.
-constexpr bool kFp8A = true;
-using Fp8StoreKK = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::store, kPair, kFp8A>;
-using Fp8StoreKMN = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::store, kPair, kFp8A>;
-using Fp8StoreKKNarrow = KernelConfig<kNarrowN, Major::k, Major::k, Grouping::m, Epi::store, kPair, kFp8A>;
-using Fp8StoreKMNNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::store, kPair, kFp8A>;
+// MXFP8: e4m3 tokens dequantized in registers, e4m3 weights turned into BF16 tiles in shared memory
+// (gemm_kernel.cuh, KernelConfig Mx).
+constexpr bool kMx = true;
+using MxStoreKK = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::store, kPair, kMx>;
+using MxStoreKMN = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::store, kPair, kMx>;
+using MxStoreKKNarrow = KernelConfig<kNarrowN, Major::k, Major::k, Grouping::m, Epi::store, kPair, kMx>;
+using MxStoreKMNNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::store, kPair, kMx>;
 
 const TensorView& a_view(const detail::MGemmStep& s) { return s.gemm.a.is_mxfp8() ? s.gemm.a.mx.data : s.gemm.a.bf16; }
 int64_t a_rows(const detail::MGemmStep& s) { return a_view(s).shape[0]; }
-// Bytes of the BF16 copy of MXFP8 weights the kernel reads as B (0 for BF16 weights).
-int64_t b_bf16_bytes(const detail::MGemmStep& s) {
-  if (!s.gemm.b.is_mxfp8()) return 0;
-  return s.gemm.offsets.experts() * a_view(s).shape[1] * detail::gemm_width(s) * 2;
-}
-
 
 }  // namespace
 
@@ -69,7 +63,14 @@ std::string gemm_m_refusal(const detail::MGemmStep& s) {
     if (!tma_aligned(g.a.mx.data.data)) return "MXFP8 A's address is not 16-byte aligned (TMA)";
     if (reinterpret_cast<uintptr_t>(g.a.mx.scales.data) % 2 != 0) return "MXFP8 A's scales are not 2-byte aligned";
     if (g.b.scales.per_expert()) return "per-expert MXFP8 weight scales: the sm90 path reads one [E, bytes] tensor";
-    if (reinterpret_cast<uintptr_t>(g.b.data.dense.data) % 8 != 0) return "MXFP8 B's data is not 8-byte aligned";
+    if (!tma_aligned(g.b.data.dense.data)) return "MXFP8 B's address is not 16-byte aligned (TMA)";
+    const int64_t n = detail::gemm_width(s);
+    if (g.b_kn && n % 16 != 0)
+      return "MXFP8 B_e [K, N] with N = " + std::to_string(n) + " not a multiple of 16 (TMA rows of e4m3 bytes)";
+    if (g.b_kn && g.b.layout == ScaleLayout::compact && reinterpret_cast<uintptr_t>(g.b.scales.dense.data) % 16 != 0)
+      return "MXFP8 B's column-wise scales are not 16-byte aligned";
+    if (!g.b_kn && reinterpret_cast<uintptr_t>(g.b.scales.dense.data) % 2 != 0)
+      return "MXFP8 B's row-wise scales are not 2-byte aligned";
   }
   if (g.b.data.per_expert())
     return "per-expert weight pointers: the sm90 kernels read one dense [E, ...] weight tensor through TMA";
@@ -116,7 +117,7 @@ int64_t db1_floats(const detail::MGemmStep& s) {
 int64_t gemm_m_workspace_bytes(const detail::MGemmStep& s, int bn) {
   const int64_t rows = a_rows(s), experts = s.gemm.offsets.experts();
   return group_schedule_bytes(experts, rows, kBlockM) + Workspace::aligned(dprob_floats(s, bn) * 4) +
-         Workspace::aligned(db1_floats(s) * 4) + Workspace::aligned(b_bf16_bytes(s));
+         Workspace::aligned(db1_floats(s) * 4);
 }
 
 MPlan plan_gemm_m(const detail::MGemmStep& s, int bn, Workspace& ws, cudaStream_t stream) {
@@ -159,21 +160,34 @@ MPlan plan_gemm_m(const detail::MGemmStep& s, int bn, Workspace& ws, cudaStream_
   const uint64_t K = static_cast<uint64_t>(k), E = static_cast<uint64_t>(experts);
   const void* w = g.b.data.dense.data;
   if (g.a.is_mxfp8()) {
-    plan.a = make_tensor_map_u8_sw64("gemm.a", av.data, {K, static_cast<uint64_t>(rows)}, {K}, {kBlockK, kBlockM});
+    plan.a = make_tensor_map_u8("gemm.a", av.data, {K, static_cast<uint64_t>(rows)}, {K}, {kBlockK, kBlockM}, true);
     p.a_scales = static_cast<const uint8_t*>(g.a.mx.scales.data);
     p.a_scale_cols = static_cast<int32_t>(rowwise_scale_cols(k));
     p.a_k32 = static_cast<int32_t>(k / 32);
     p.a_scale_swizzled = g.a.mx.layout == ScaleLayout::swizzled;
-    // B: the BF16 copy of the weights' quantize-dequantize, [E, N, K] row-wise or [E, K, N] (b_kn)
-    // column-wise, as the BF16 kernels read it.
-    uint16_t* wb = ws.take<uint16_t>(b_bf16_bytes(s) / 2);
-    const int64_t br = g.b_kn ? k : n, bc = g.b_kn ? n : k;
-    dequantize_expert_weights(static_cast<const uint8_t*>(w), static_cast<const uint8_t*>(g.b.scales.dense.data),
-                              experts, br, bc, g.b_kn, g.b.layout, wb, stream);
-    w = wb;
-  } else {
-    plan.a = make_tensor_map_bf16("gemm.a", av.data, {K, static_cast<uint64_t>(rows)}, {K * 2}, {kBlockK, kBlockM});
+    // B: e4m3 halves of the tile ([BN/2][64] bytes, 64-byte swizzle; or [64][BN/2] from [K, N]) and
+    // the scales, which the transformer reads.
+    const uint64_t N = static_cast<uint64_t>(n);
+    const uint32_t half = static_cast<uint32_t>(bn / 2);
+    p.b_scales = static_cast<const uint8_t*>(g.b.scales.dense.data);
+    p.b_scale_swizzled = g.b.layout == ScaleLayout::swizzled;
+    if (g.b_kn) {
+      p.b_load = BLoad::mn_halves;
+      p.b_scale_bytes = colwise_matrix_scale_bytes(k, n);
+      p.b_scale_cols = static_cast<int32_t>(colwise_scale_row_bytes(n));
+      p.b_scale_rows = static_cast<int32_t>(colwise_group_scale_rows(k));
+      plan.b0 = make_tensor_map_u8("gemm.b", w, {N, K, E}, {N, K * N}, {half, kBlockK, 1}, false);
+    } else {
+      p.b_load = BLoad::k_rows;
+      p.b_scale_bytes = rowwise_scale_bytes(n, k);
+      p.b_scale_cols = static_cast<int32_t>(rowwise_scale_cols(k));
+      plan.b0 = make_tensor_map_u8("gemm.b", w, {K, N, E}, {K, N * K}, {kBlockK, half, 1}, true);
+    }
+    plan.b1 = plan.b0;
+    plan.launch_tiles = static_cast<int64_t>(m_tiles_bound(rows, experts, kBlockM)) * p.n_tiles;
+    return plan;
   }
+  plan.a = make_tensor_map_bf16("gemm.a", av.data, {K, static_cast<uint64_t>(rows)}, {K * 2}, {kBlockK, kBlockM});
   const uint32_t half = static_cast<uint32_t>(bn / 2);  // B is loaded in two halves (pairs share them)
   if (glu_fwd) {
     const uint64_t F = static_cast<uint64_t>(s.ffn);
@@ -237,11 +251,11 @@ void gemm_m(const detail::MGemmStep& s, void* stream_ptr) {
     case detail::Epilogue::store:
       if (s.gemm.a.is_mxfp8()) {
         if (s.gemm.b_kn) {
-          if (wide) launch<Fp8StoreKMN>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
-          else launch<Fp8StoreKMNNarrow>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+          if (wide) launch<MxStoreKMN>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+          else launch<MxStoreKMNNarrow>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
         } else {
-          if (wide) launch<Fp8StoreKK>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
-          else launch<Fp8StoreKKNarrow>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+          if (wide) launch<MxStoreKK>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+          else launch<MxStoreKKNarrow>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
         }
       } else if (s.gemm.b_kn) {
         if (wide) launch<StoreKMN>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);

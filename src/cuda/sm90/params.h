@@ -27,7 +27,9 @@ enum class Epi : uint8_t {
 // How the producer fetches B: one [BN, 64] box of B_e [N, K] (k_rows); the a and b halves of a GLU
 // tile as two [BN/2, 64] boxes (glu_halves / glu_interleave32: FC1 rows of features f0..f0+BN/2);
 // BN/64 boxes of [64 k, 64 n] from B_e [K, N] (mn_boxes).
-enum class BLoad : uint8_t { k_rows, glu_halves, glu_interleave32, mn_boxes };
+// MXFP8 weights: k_rows ([BN/2][64] bytes per half, 64-byte swizzle) or mn_halves ([64][BN/2] bytes
+// per half from B_e [K, N]).
+enum class BLoad : uint8_t { k_rows, glu_halves, glu_interleave32, mn_boxes, mn_halves };
 
 struct KernelParams {
   GroupSchedule sched;    // group ranges; m-grouped: the linear 128-row m-tile table too
@@ -44,6 +46,14 @@ struct KernelParams {
   const uint8_t* a_scales = nullptr;
   int32_t a_scale_cols = 0;
   int32_t a_k32 = 0;  // K / 32: scale columns past it are padding (any byte), read as 1
+  // MXFP8 B: expert e's scales at b_scales + e * b_scale_bytes; row-wise ([N, K], blocks along K:
+  // row * b_scale_cols + k-block, or swizzled) or column-wise ([K, N] with b_kn, blocks along K:
+  // k-block * b_scale_cols + n with b_scale_cols = roundup(N, 128), or swizzled over
+  // b_scale_rows = roundup(K/32, 4) block rows).
+  const uint8_t* b_scales = nullptr;
+  int64_t b_scale_bytes = 0;
+  int32_t b_scale_cols = 0, b_scale_rows = 0;
+  bool b_scale_swizzled = false;
   bool a_scale_swizzled = false;
 
   // store / wgrad

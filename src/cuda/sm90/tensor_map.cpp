@@ -69,9 +69,11 @@ CUtensorMap make_tensor_map_bf16(const char* what, const void* base, std::initia
                          box);
 }
 
-CUtensorMap make_tensor_map_u8_sw64(const char* what, const void* base, std::initializer_list<uint64_t> dims,
-                                    std::initializer_list<uint64_t> strides_bytes, std::initializer_list<uint32_t> box) {
-  return make_tensor_map(what, CU_TENSOR_MAP_DATA_TYPE_UINT8, CU_TENSOR_MAP_SWIZZLE_64B, base, dims, strides_bytes, box);
+CUtensorMap make_tensor_map_u8(const char* what, const void* base, std::initializer_list<uint64_t> dims,
+                               std::initializer_list<uint64_t> strides_bytes, std::initializer_list<uint32_t> box,
+                               bool swizzle64) {
+  return make_tensor_map(what, CU_TENSOR_MAP_DATA_TYPE_UINT8,
+                         swizzle64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_NONE, base, dims, strides_bytes, box);
 }
 
 }  // namespace mxmoe::cuda::sm90

@@ -16,8 +16,9 @@ inline bool tma_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) %
 // Elements outside dims read as zero. Throws mxmoe::Error naming `what` if the driver refuses.
 CUtensorMap make_tensor_map_bf16(const char* what, const void* base, std::initializer_list<uint64_t> dims,
                                  std::initializer_list<uint64_t> strides_bytes, std::initializer_list<uint32_t> box);
-// Bytes (e4m3 data) with 64-byte swizzle: box[0] must be 64 (one 64-byte row per box row).
-CUtensorMap make_tensor_map_u8_sw64(const char* what, const void* base, std::initializer_list<uint64_t> dims,
-                                    std::initializer_list<uint64_t> strides_bytes, std::initializer_list<uint32_t> box);
+// Bytes (e4m3 data), 64-byte swizzle (box[0] = 64: one 64-byte row per box row) or none.
+CUtensorMap make_tensor_map_u8(const char* what, const void* base, std::initializer_list<uint64_t> dims,
+                               std::initializer_list<uint64_t> strides_bytes, std::initializer_list<uint32_t> box,
+                               bool swizzle64);
 
 }  // namespace mxmoe::cuda::sm90

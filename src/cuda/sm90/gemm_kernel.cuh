@@ -69,7 +69,7 @@ struct KernelConfig {
   static constexpr int kFree = kSmemLimit - kReserved - kEpiBytes - kBBufs * kBBufBytes;
   static constexpr int kStages = kFree / kStageBytes > 8 ? 8 : kFree / kStageBytes;
   static constexpr int kSmemBytes = kReserved + kEpiBytes + kBBufs * kBBufBytes + kStages * kStageBytes;
-  static_assert(2 * 8 * (kStages + kBBufs) <= 256, "barriers");
+  static_assert(2 * 8 * kStages <= 256, "barriers");
   // CTA pairs along M can share (multicast) the B tile (2/3 of the bytes a 128 x 256 tile reads per
   // k-block). Since the release fix in ptx.cuh (mbar_arrive_cluster) the pairs run faster than single
   // CTAs in bench/sm90_kernels.cu (FC1 dsv3 720 vs 619 TFLOP/s): the layer's kernels run pairs
@@ -383,13 +383,13 @@ __device__ __forceinline__ void fp8_fragment(uint32_t sa, int cw, int wtid, int 
   }
 }
 
-// ---- MXFP8 B: the transformer (producer warp group, warps 1-3) ----
-inline constexpr int kXThreads = 96;
-inline constexpr uint32_t kXBarrier = 5;  // named barrier of the transformer's 96 threads
+// ---- MXFP8 B: FP8 stage -> BF16 tile, by the 256 consumer threads ----
+// The consumers convert the next k-block's B while the current one's wgmmas run: in each of the 4
+// k16 steps every thread converts (at most) one 16-value chunk, kChunks = BN / 64 per k-block.
+inline constexpr uint32_t kMxBarrier = 6;  // named barrier: the next BF16 tile is complete
 
 // E8M0 byte -> the bf16 of 2^(s - 127) (s = 0: the subnormal 2^-127; 255: NaN).
 __device__ __forceinline__ uint32_t e8m0_bf16(uint32_t s) { return s == 0 ? 0x0040u : s == 255 ? 0x7FC0u : (s << 7); }
-__device__ __forceinline__ uint32_t bf16x2_splat(uint32_t b) { return b | (b << 16); }
 // Two e4m3 (low byte first) times two bf16 scales -> bf16x2: e4m3 -> f16 -> f32 -> bf16 is exact, and
 // the bf16 multiply by a power of two rounds like the f32 product rounded to bf16 (exact unless
 // below bf16's normal range); NaN in either stays NaN.
@@ -404,13 +404,6 @@ __device__ __forceinline__ uint32_t e4m3x2_scaled(uint32_t two, uint32_t s2) {
   asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(v), "r"(s2));
   return r;
 }
-// 16 e4m3 -> 16 bf16 (two 16-byte chunks); s2[i]: the bf16x2 scales of values 2i, 2i+1.
-__device__ __forceinline__ void convert16(uint4 raw, const uint32_t (&s2)[8], uint4& lo, uint4& hi) {
-  lo.x = e4m3x2_scaled(raw.x, s2[0]), lo.y = e4m3x2_scaled(raw.x >> 16, s2[1]);
-  lo.z = e4m3x2_scaled(raw.y, s2[2]), lo.w = e4m3x2_scaled(raw.y >> 16, s2[3]);
-  hi.x = e4m3x2_scaled(raw.z, s2[4]), hi.y = e4m3x2_scaled(raw.z >> 16, s2[5]);
-  hi.z = e4m3x2_scaled(raw.w, s2[6]), hi.w = e4m3x2_scaled(raw.w >> 16, s2[7]);
-}
 __device__ __forceinline__ uint4 lds128(uint32_t a) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
@@ -419,63 +412,56 @@ __device__ __forceinline__ uint4 lds128(uint32_t a) {
 __device__ __forceinline__ void sts128(uint32_t a, uint4 v) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
+// 16 e4m3 at `from` -> 16 bf16 as two 16-byte chunks at lo / hi; s2[i]: scales of values 2i, 2i + 1.
+__device__ __forceinline__ void convert16(uint32_t from, const uint32_t (&s2)[8], uint32_t lo, uint32_t hi) {
+  const uint4 raw = lds128(from);
+  sts128(lo, make_uint4(e4m3x2_scaled(raw.x, s2[0]), e4m3x2_scaled(raw.x >> 16, s2[1]),
+                        e4m3x2_scaled(raw.y, s2[2]), e4m3x2_scaled(raw.y >> 16, s2[3])));
+  sts128(hi, make_uint4(e4m3x2_scaled(raw.z, s2[4]), e4m3x2_scaled(raw.z >> 16, s2[5]),
+                        e4m3x2_scaled(raw.w, s2[6]), e4m3x2_scaled(raw.w >> 16, s2[7])));
+}
 
-// Row-wise B ([N, K], b_load k_rows): the FP8 stage is [BN][64] bytes with TMA's 64-byte swizzle, the
-// BF16 tile [BN][64] with 128-byte swizzle (chunk c of row n at c ^ (n % 8)). Thread xt takes rows
-// xt, xt + 96, ... and their 4 chunks of 16 values; one u16 of scales per row (blocks 2kb, 2kb + 1).
+// Row-wise B ([N, K], b_load k_rows): the FP8 stage is [BN][64] bytes with TMA's 64-byte swizzle
+// (16-byte chunk j of row n at j ^ ((n / 2) % 4)), the BF16 tile [BN][64] with 128-byte swizzle
+// (chunk c of row n at c ^ (n % 8)). Thread t owns row n = t / (256 / BN) and kChunks of its 4
+// chunks; one u16 of scales per row and k-block (blocks 2kb, 2kb + 1).
 template <class Cfg>
-struct RowScales {
-  static constexpr int kRows = (Cfg::kBlockN + kXThreads - 1) / kXThreads;
-  uint32_t raw[kRows];
-  __device__ void load(const KernelParams& p, const Tile& t, int kb, int xt) {
-    const uint8_t* base = p.b_scales + static_cast<int64_t>(t.b_expert) * p.b_scale_bytes;
-#pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      const int n = xt + i * kXThreads;
-      raw[i] = 0;
-      if (n >= Cfg::kBlockN) continue;
-      int64_t ng = static_cast<int64_t>(t.n_tile) * Cfg::kBlockN + n;
-      if (ng >= p.n) ng = p.n - 1;  // rows past N: zero data, never stored; stay inside the scales
-      const int64_t c = p.b_scale_cols;
-      const int64_t off = p.b_scale_swizzled
-                              ? ((ng / 128) * (c / 4) + kb / 2) * 512 + (ng % 32) * 16 + ((ng % 128) / 32) * 4 + (kb & 1) * 2
-                              : ng * c + 2 * kb;
-      raw[i] = __ldg(reinterpret_cast<const unsigned short*>(base + off));
-    }
+struct RowB {
+  static constexpr int kChunks = Cfg::kBlockN / 64, kPerRow = 256 / Cfg::kBlockN;
+  uint32_t raw = 0;
+  __device__ void load(const KernelParams& p, const Tile& t, int kb, int ct) {
+    int64_t ng = static_cast<int64_t>(t.n_tile) * Cfg::kBlockN + ct / kPerRow;
+    if (ng >= p.n) ng = p.n - 1;  // rows past N: zero data, never stored; stay inside the scales
+    const int64_t c = p.b_scale_cols;
+    const int64_t off = p.b_scale_swizzled
+                            ? ((ng / 128) * (c / 4) + kb / 2) * 512 + (ng % 32) * 16 + ((ng % 128) / 32) * 4 + (kb & 1) * 2
+                            : ng * c + 2 * kb;
+    raw = __ldg(reinterpret_cast<const unsigned short*>(p.b_scales + static_cast<int64_t>(t.b_expert) * p.b_scale_bytes + off));
+  }
+  // Chunk i (< kChunks) of the thread; `tail`: the k-block's second 32-block is past K (scale 1).
+  __device__ void convert(int i, bool tail, uint32_t src, uint32_t dst, int ct) const {
+    const int n = ct / kPerRow, j = (ct % kPerRow) * kChunks + i;
+    const uint32_t s = (j >= 2 && tail) ? 0x3F80u : e8m0_bf16(j < 2 ? raw & 0xFF : (raw >> 8) & 0xFF);
+    const uint32_t s2 = s | (s << 16);
+    const uint32_t all[8] = {s2, s2, s2, s2, s2, s2, s2, s2};
+    convert16(src + n * 64 + ((j ^ ((n >> 1) & 3)) << 4), all, dst + n * 128 + (((2 * j) ^ (n & 7)) << 4),
+              dst + n * 128 + (((2 * j + 1) ^ (n & 7)) << 4));
   }
 };
-template <class Cfg>
-__device__ __forceinline__ void convert_rows(const RowScales<Cfg>& sc, bool tail, uint32_t src, uint32_t dst, int xt) {
-#pragma unroll
-  for (int i = 0; i < RowScales<Cfg>::kRows; ++i) {
-    const int n = xt + i * kXThreads;
-    if (n >= Cfg::kBlockN) continue;
-    const uint32_t s0 = bf16x2_splat(e8m0_bf16(sc.raw[i] & 0xFF));
-    const uint32_t s1 = tail ? 0x3F803F80u : bf16x2_splat(e8m0_bf16(sc.raw[i] >> 8));
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t s = j < 2 ? s0 : s1;
-      const uint32_t s2[8] = {s, s, s, s, s, s, s, s};
-      const uint4 raw = lds128(src + n * 64 + ((j ^ ((n >> 1) & 3)) << 4));
-      uint4 lo, hi;
-      convert16(raw, s2, lo, hi);
-      sts128(dst + n * 128 + (((2 * j) ^ (n & 7)) << 4), lo);
-      sts128(dst + n * 128 + (((2 * j + 1) ^ (n & 7)) << 4), hi);
-    }
-  }
-}
 
 // Column-wise B ([K, N], b_load mn_halves): the FP8 stage is two [64 k][BN/2 n] halves (no swizzle),
 // the BF16 tile BN/64 boxes of [64 k][64 n] with 128-byte swizzle (as the BF16 kernels' mn_boxes).
-// Thread xt keeps one chunk of 16 columns (n0 = 16 (xt % (BN/16))) and walks rows k = xt / (BN/16),
-// + 96 / (BN/16), ...; the 16 scales of its columns per 32-row block (compact: one 16-byte load).
+// Thread t keeps columns n0 = 16 (t % (BN/16)) .. n0 + 15 and rows k = t / (BN/16) + i 256/(BN/16)
+// (i < kChunks: the first half of them in 32-block 0, the rest in block 1); the 16 scales of its
+// columns per block (compact: one 16-byte load).
 template <class Cfg>
-struct ColScales {
-  uint4 raw[2];  // blocks 2kb, 2kb + 1: 16 bytes each, byte i = column n0 + i
-  __device__ void load(const KernelParams& p, const Tile& t, int kb, int xt) {
-    constexpr int kChunks = Cfg::kBlockN / 16;
+struct ColB {
+  static constexpr int BN = Cfg::kBlockN, kChunks = BN / 64, kCols = BN / 16, kRowStep = 256 / kCols;
+  static_assert(kRowStep * kChunks == 64 && kRowStep * kChunks / 2 <= 32, "rows of each 32-block");
+  uint4 raw[2];
+  __device__ void load(const KernelParams& p, const Tile& t, int kb, int ct) {
     const uint8_t* base = p.b_scales + static_cast<int64_t>(t.b_expert) * p.b_scale_bytes;
-    const int64_t n0 = static_cast<int64_t>(t.n_tile) * Cfg::kBlockN + 16 * (xt % kChunks);
+    const int64_t n0 = static_cast<int64_t>(t.n_tile) * BN + 16 * (ct % kCols);
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int64_t blk = 2 * static_cast<int64_t>(kb) + j;
@@ -484,7 +470,7 @@ struct ColScales {
       if (!p.b_scale_swizzled) {
         raw[j] = __ldg(reinterpret_cast<const uint4*>(base + blk * p.b_scale_cols + n0));
       } else {
-        // n0 .. n0 + 15 share the 128 x 4 tile and the 32-row group: 16 bytes 16 apart.
+        // n0 .. n0 + 15 share the 128 x 4 tile and the 32-column group: 16 bytes 16 apart.
         const uint8_t* q = base + ((n0 / 128) * (p.b_scale_rows / 4) + blk / 4) * 512 + (n0 % 32) * 16 +
                            ((n0 % 128) / 32) * 4 + blk % 4;
         uint32_t w[4] = {0, 0, 0, 0};
@@ -494,34 +480,21 @@ struct ColScales {
       }
     }
   }
-};
-template <class Cfg>
-__device__ __forceinline__ void convert_cols(const ColScales<Cfg>& sc, bool tail, uint32_t src, uint32_t dst, int xt) {
-  constexpr int BN = Cfg::kBlockN, kChunks = BN / 16, kStep = kXThreads / kChunks;
-  static_assert(kXThreads % kChunks == 0, "each transformer thread keeps its columns");
-  const int m = xt % kChunks, n0 = 16 * m;
-  const uint32_t from = src + (n0 / (BN / 2)) * 64 * (BN / 2) + n0 % (BN / 2);
-  const uint32_t to = dst + (n0 / 64) * kBoxBytes;
-  const int c = (n0 % 64) / 8;
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
+  __device__ void convert(int i, bool tail, uint32_t src, uint32_t dst, int ct) const {
+    const int n0 = 16 * (ct % kCols), k = ct / kCols + i * kRowStep, j = i >= kChunks / 2 ? 1 : 0;
     uint32_t s2[8];
-    const uint32_t* b = reinterpret_cast<const uint32_t*>(&sc.raw[j]);
+    const uint32_t* b = reinterpret_cast<const uint32_t*>(&raw[j]);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t pair = b[i / 2] >> (16 * (i % 2));
-      s2[i] = (j == 1 && tail) ? 0x3F803F80u : (e8m0_bf16(pair & 0xFF) | (e8m0_bf16((pair >> 8) & 0xFF) << 16));
+    for (int v = 0; v < 8; ++v) {
+      const uint32_t pair = b[v / 2] >> (16 * (v % 2));
+      s2[v] = (j == 1 && tail) ? 0x3F803F80u : (e8m0_bf16(pair & 0xFF) | (e8m0_bf16((pair >> 8) & 0xFF) << 16));
     }
-    const int k0 = xt / kChunks;  // the thread's rows are k0 + i * kStep; the first of block j:
-    for (int k = 32 * j + ((k0 - 32 * j) % kStep + kStep) % kStep; k < 32 * (j + 1); k += kStep) {
-      const uint4 raw = lds128(from + k * (BN / 2));
-      uint4 lo, hi;
-      convert16(raw, s2, lo, hi);
-      sts128(to + k * 128 + ((c ^ (k & 7)) << 4), lo);
-      sts128(to + k * 128 + (((c + 1) ^ (k & 7)) << 4), hi);
-    }
+    const int c = (n0 % 64) / 8;
+    const uint32_t to = dst + (n0 / 64) * kBoxBytes + k * 128;
+    convert16(src + (n0 / (BN / 2)) * 64 * (BN / 2) + k * (BN / 2) + n0 % (BN / 2), s2, to + ((c ^ (k & 7)) << 4),
+              to + (((c + 1) ^ (k & 7)) << 4));
   }
-}
+};
 
 template <class Cfg>
 __device__ __forceinline__ uint64_t b_desc(const uint8_t* sb, int kk) {
@@ -548,8 +521,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* epi_smem = bbuf0 + Cfg::kBBufs * Cfg::kBBufBytes;        // kEpiBytes
   uint64_t* full = reinterpret_cast<uint64_t*>(epi_smem + Cfg::kEpiBytes);  // (stages)
   uint64_t* empty = full + kStages;                                         // (stages)
-  uint64_t* bfull = empty + kStages;                                        // (kBBufs) transformer -> consumers
-  uint64_t* bempty = bfull + Cfg::kBBufs;                                   // (kBBufs) consumers -> transformer
   auto stage_a = [&](int s) { return smem + s * Cfg::kStageBytes; };
   auto stage_b = [&](int s) { return smem + s * Cfg::kStageBytes + Cfg::kStageA; };
   auto bbuf = [&](int b) { return bbuf0 + b * Cfg::kBBufBytes; };
@@ -560,12 +531,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);
-      // one arrival per consumer warp group (and the MXFP8 transformer) of each CTA of the pair
-      mbar_init(&empty[s], (Cfg::kMx ? 3 : 2) * kCluster);
-    }
-    for (int b = 0; b < Cfg::kBBufs; ++b) {
-      mbar_init(&bfull[b], kXThreads);
-      mbar_init(&bempty[b], 2);
+      mbar_init(&empty[s], 2 * kCluster);  // one arrival per consumer warp group of the pair
     }
     fence_barrier_init();
     tma_prefetch_desc(&tma_a);
@@ -600,48 +566,13 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (++stage == kStages) stage = 0, phase ^= 1;
         }
       }
-    } else if constexpr (Cfg::kMx) {
-      if (threadIdx.x >= 32) {
-      // The transformer: each stage's FP8 B -> a BF16 tile, in the producer's order; releases the
-      // stage (with the consumers) once its 96 threads have read it.
-      const int xt = threadIdx.x - 32;
-      int stage = 0, buf = 0;
-      uint32_t phase = 0, bphase = 0;
-      for (int64_t idx = first; idx < total; idx += step) {
-        const Tile t = tile_at<Cfg::kGrouping, kCluster>(p, idx, rank, m_count);
-        // B_e [N, K] row-wise (K-major tile) or [K, N] column-wise (MN-major tile).
-        using Scales = std::conditional_t<Cfg::kBMajor == Major::k, RowScales<Cfg>, ColScales<Cfg>>;
-        for (int kb = 0; kb < t.k_blocks; ++kb) {
-          // The scales' loads fly while the stage and the buffer are awaited.
-          Scales sc;
-          if (t.live) sc.load(p, t, kb, xt);
-          mbar_wait(&full[stage], phase);
-          if (t.live) {
-            mbar_wait(&bempty[buf], bphase ^ 1);
-            const bool tail = 2 * kb + 1 >= p.a_k32;
-            const uint32_t src = smem_addr(stage_b(stage)), dst = smem_addr(bbuf(buf));
-            if constexpr (Cfg::kBMajor == Major::k) convert_rows<Cfg>(sc, tail, src, dst, xt);
-            else convert_cols<Cfg>(sc, tail, src, dst, xt);
-            fence_proxy_async_smem();
-            mbar_arrive(&bfull[buf]);
-            if (++buf == Cfg::kBBufs) buf = 0, bphase ^= 1;
-          }
-          named_barrier_sync(kXBarrier, kXThreads);
-          if (xt < kCluster) {
-            if constexpr (kCluster == 1) mbar_arrive(&empty[stage]);
-            else mbar_arrive_cluster(&empty[stage], static_cast<uint32_t>(xt));
-          }
-          if (++stage == kStages) stage = 0, phase ^= 1;
-        }
-      }
-      }
     }
   } else {
     reg_alloc<kConsumerRegs>();
     const int cw = wg - 1;
     const int ctid = threadIdx.x - 128;  // 0..255
-    int stage = 0, xbuf = 0;  // xbuf: the next BF16 B tile (MXFP8)
-    uint32_t phase = 0, xphase = 0;
+    int stage = 0, xbuf = 0;  // xbuf: the BF16 B tile of the current k-block (MXFP8)
+    uint32_t phase = 0;
     // One arrival per consumer warp group on each CTA of the cluster, from different lanes (lane r
     // signals CTA r, as CUTLASS spreads them), so no thread issues two.
     // `zeroed`: this CTA wrote the stage with ordinary stores (k-grouped tail), which the peer's
@@ -666,60 +597,89 @@ __global__ void __launch_bounds__(kThreads, 1)
         acc[i] = 0.0f;
         fence_operand(acc[i]);
       }
-      int prev = -1, prev_buf = -1;
+      int prev = -1;
       bool prev_zeroed = false, zeroed = false;
-      auto release_buf = [&](int b) {
-        if (ctid % 128 == 0) mbar_arrive(&bempty[b]);
-      };
       if constexpr (Cfg::kMx) {
-        // One commit group per k16 step, two in flight (as CUTLASS's RS mainloop): the fragment of
-        // step kk is dequantized while the two before it run; a[kk] is rewritten four groups later,
-        // after wgmma_wait<2> has retired its reader. The previous stage is released once the
-        // second group of the next one is issued (its last reader then has completed).
+        // Per k-block kb: the A fragment of each k16 step is dequantized from the FP8 stage into
+        // registers while the two wgmma groups before it run (one commit group per step, two in
+        // flight, as CUTLASS's RS mainloop; a[kk] is rewritten four groups later, after
+        // wgmma_wait<2> has retired its reader), and after each step the thread converts one
+        // chunk of B(kb + 1) from the next FP8 stage into the next of the 3 BF16 tiles. That tile
+        // was last read by the wgmmas of kb - 2, retired in both warp groups (each has passed the
+        // barrier that ended kb - 1, after its own wgmma_wait<2> at kk = 3). The stage of kb is
+        // released after its A fragments are read (its B was converted a k-block earlier).
         using Atom = typename GmmaRS<BN, Cfg::kBMajor>::Atom;
+        using BConv = std::conditional_t<Cfg::kBMajor == Major::k, RowB<Cfg>, ColB<Cfg>>;
         const int wtid = ctid % 128;  // thread within the consumer warp group
         const ScaleRows sr = scale_rows(p, t, cw, wtid);
         uint32_t s_raw[2] = {0, 0};
-        if (t.live && t.k_blocks > 0) s_raw[0] = sr.load(0, 0), s_raw[1] = sr.load(1, 0);
-        uint32_t a[4][4];
-        for (int kb = 0; kb < t.k_blocks; ++kb) {
+        BConv bnext;  // the scales of the B k-block converted next
+        if (t.live && t.k_blocks > 0) {
+          s_raw[0] = sr.load(0, 0), s_raw[1] = sr.load(1, 0);
+          bnext.load(p, t, 0, ctid);
           mbar_wait(&full[stage], phase);
-          if (t.live) {
-            mbar_wait(&bfull[xbuf], xphase);
-            // Blocks past K (the zero-filled tail of the last k-block) take scale 1, not the
-            // padding byte (which may be 255, NaN); likewise for B in the transformer.
-            const bool tail = 2 * kb + 1 >= p.a_k32;
-            float sc[2][2];
+          const uint32_t src = smem_addr(stage_b(stage)), dst = smem_addr(bbuf(xbuf));
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              sc[h][0] = e8m0_f32(s_raw[h] & 0xFF);
-              sc[h][1] = tail ? 1.0f : e8m0_f32(s_raw[h] >> 8);
-            }
-            if (kb + 1 < t.k_blocks) s_raw[0] = sr.load(0, kb + 1), s_raw[1] = sr.load(1, kb + 1);
-            const uint32_t sa = smem_addr(stage_a(stage));
-            const uint8_t* sb = bbuf(xbuf);
+          for (int i = 0; i < BConv::kChunks; ++i) bnext.convert(i, 1 >= p.a_k32, src, dst, ctid);
+          fence_proxy_async_smem();
+          named_barrier_sync(kMxBarrier, kConsumerThreads);
+          if (t.k_blocks > 1) bnext.load(p, t, 1, ctid);
+        }
+        uint32_t a[4][4];
+        // One k-block; kMore: a next one exists (its B is converted here). Two instantiations keep
+        // branches out of the wgmma pipeline (ptxas serializes the wgmmas around one, C7513).
+        auto k_block = [&](int kb, auto more_c) {
+          constexpr bool kMore = decltype(more_c)::value;
+          int nstage = stage + 1;
+          uint32_t nphase = phase;
+          if (nstage == kStages) nstage = 0, nphase ^= 1;
+          const int nbuf = xbuf + 1 == Cfg::kBBufs ? 0 : xbuf + 1;
+          if constexpr (kMore) mbar_wait(&full[nstage], nphase);
+          // Blocks past K (the zero-filled tail of the last k-block) take scale 1, not the padding
+          // byte (which may be 255, NaN); likewise for B (RowB / ColB convert).
+          const bool tail = 2 * kb + 1 >= p.a_k32, ntail = 2 * kb + 3 >= p.a_k32;
+          float sc[2][2];
 #pragma unroll
-            for (int kk = 0; kk < kBlockK / 16; ++kk) {
-              fp8_fragment(sa, cw, wtid, kk, sc, a[kk]);
-              wgmma_fence();
-              gmma_call_rs<Atom>(a[kk], b_desc<Cfg>(sb, kk), acc, std::make_index_sequence<BN / 2>{});
-              wgmma_commit();
-              wgmma_wait<2>();
-              if (kk == 1 && prev >= 0) {
-                release(prev, false);
-              }
-            }
-            // The previous BF16 tile's last reader retired at kk = 1 (wgmma_wait<2>); released
-            // here, outside the wgmma pipeline (a branch inside it made ptxas serialize the wgmmas,
-            // C7513).
-            if (prev_buf >= 0) release_buf(prev_buf);
-            prev_buf = xbuf;
-            if (++xbuf == Cfg::kBBufs) xbuf = 0, xphase ^= 1;
-          } else if (prev >= 0) {
-            release(prev, false);
+          for (int h = 0; h < 2; ++h) {
+            sc[h][0] = e8m0_f32(s_raw[h] & 0xFF);
+            sc[h][1] = tail ? 1.0f : e8m0_f32(s_raw[h] >> 8);
           }
-          prev = stage;
-          if (++stage == kStages) stage = 0, phase ^= 1;
+          const BConv bcur = bnext;
+          if constexpr (kMore) {
+            s_raw[0] = sr.load(0, kb + 1), s_raw[1] = sr.load(1, kb + 1);
+            if (kb + 2 < t.k_blocks) bnext.load(p, t, kb + 2, ctid);
+          }
+          const uint32_t sa = smem_addr(stage_a(stage));
+          const uint8_t* sb = bbuf(xbuf);
+          const uint32_t nsrc = smem_addr(stage_b(nstage)), ndst = smem_addr(bbuf(nbuf));
+#pragma unroll
+          for (int kk = 0; kk < kBlockK / 16; ++kk) {
+            fp8_fragment(sa, cw, wtid, kk, sc, a[kk]);
+            wgmma_fence();
+            gmma_call_rs<Atom>(a[kk], b_desc<Cfg>(sb, kk), acc, std::make_index_sequence<BN / 2>{});
+            wgmma_commit();
+            wgmma_wait<2>();
+            if constexpr (kMore) {
+              if (kk < BConv::kChunks) bcur.convert(kk, ntail, nsrc, ndst, ctid);
+            }
+          }
+          release(stage, false);
+          if constexpr (kMore) {
+            fence_proxy_async_smem();
+            named_barrier_sync(kMxBarrier, kConsumerThreads);
+          }
+          xbuf = nbuf;
+          stage = nstage, phase = nphase;
+        };
+        if (t.live) {
+          for (int kb = 0; kb + 1 < t.k_blocks; ++kb) k_block(kb, std::true_type{});
+          if (t.k_blocks > 0) k_block(t.k_blocks - 1, std::false_type{});
+        } else {
+          for (int kb = 0; kb < t.k_blocks; ++kb) {
+            mbar_wait(&full[stage], phase);
+            release(stage, false);
+            if (++stage == kStages) stage = 0, phase ^= 1;
+          }
         }
       } else
       for (int kb = 0; kb < t.k_blocks; ++kb) {
@@ -756,7 +716,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       wgmma_wait<0>();
       if (prev >= 0) release(prev, prev_zeroed);
-      if (prev_buf >= 0) release_buf(prev_buf);
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) fence_operand(acc[i]);
       if (t.live) epilogue<Cfg>(p, t, cw, ctid, acc, epi_smem);

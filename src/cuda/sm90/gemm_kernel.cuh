@@ -43,11 +43,11 @@ inline constexpr int kGluBwdEpiBytes = 2 * kGluBwdStageBytes + 8 * 2 * kGluBwdPa
 // Mx: both operands MXFP8 (m-grouped). A (e4m3 tokens [T, K], row-wise E8M0 scales, K-major): TMA
 // brings [128][64] bytes with 64-byte swizzle, the consumers turn them into BF16 wgmma A fragments
 // in registers (value x 2^(scale - 127), exact) and run register-A wgmma (RS). B (e4m3 weights with
-// their scales, [N, K] row-wise or [K, N] column-wise) arrives in the ring as FP8 halves; warps 1-3
-// of the producer warp group (the transformer) turn each stage's B into a BF16 tile in the layout
-// the BF16 kernels' TMA would have written (128-byte swizzle) in one of kBBufs buffers, which the
-// wgmma reads. The weights thus cross HBM as FP8: the layer's weight GEMMs are bound by weight
-// bytes at the presets' tokens per expert.
+// their scales, [N, K] row-wise or [K, N] column-wise) arrives in the ring as FP8 halves; the
+// consumers turn it into a BF16 tile in the layout the BF16 kernels' TMA would have written
+// (128-byte swizzle) in one of kBBufs buffers, which the wgmma reads. Warp 1 of the producer warp
+// group (the scale loader) stages both operands' scales per stage. The weights thus cross HBM as
+// FP8: the layer's weight GEMMs are bound by weight bytes at the presets' tokens per expert.
 template <int BN_, Major AMajor_, Major BMajor_, Grouping G_, Epi E_, int Cluster_ = 1, bool Mx_ = false>
 struct KernelConfig {
   static constexpr int kBlockN = BN_;
@@ -60,15 +60,19 @@ struct KernelConfig {
   static constexpr int kStageA = kBlockM * kBlockK * kElem;  // (128, 64) K-major or 2 x (64 k, 64 m)
   static constexpr int kStageB = kBlockN * kBlockK * kElem;  // (BN, 64) K-major or BN/64 x (64 k, 64 n)
   static constexpr int kStageBytes = kStageA + kStageB;
-  static constexpr int kBBufs = Mx_ ? 3 : 0;                  // BF16 B tiles (transformer -> wgmma)
+  static constexpr int kBBufs = Mx_ ? 3 : 0;                  // BF16 B tiles (converted -> wgmma)
   static constexpr int kBBufBytes = kBlockN * kBlockK * 2;
+  // MXFP8: each stage's E8M0 scales, staged by the scale loader (warp 1): A [128 rows] u16 (blocks
+  // 2kb, 2kb + 1), then B [BN rows] u16 (row-wise) or [2 blocks][BN columns] bytes (column-wise).
+  static constexpr int kScaleBytes = Mx_ ? 2 * kBlockM + 2 * kBlockN : 0;
   // The epilogue's shared memory (epilogue.cuh): a 64-row x 256-byte output stage per consumer warp
   // group; glu_backward: 512-byte rows and the db1 column partials.
   static constexpr int kEpiBytes = E_ == Epi::glu_backward ? kGluBwdEpiBytes : 2 * kOutStageBytes;
   static constexpr int kReserved = 1024 /*alignment slack*/ + 256 /*barriers*/;
   static constexpr int kFree = kSmemLimit - kReserved - kEpiBytes - kBBufs * kBBufBytes;
-  static constexpr int kStages = kFree / kStageBytes > 8 ? 8 : kFree / kStageBytes;
-  static constexpr int kSmemBytes = kReserved + kEpiBytes + kBBufs * kBBufBytes + kStages * kStageBytes;
+  static constexpr int kStages = kFree / (kStageBytes + kScaleBytes) > 8 ? 8 : kFree / (kStageBytes + kScaleBytes);
+  static constexpr int kSmemBytes =
+      kReserved + kEpiBytes + kBBufs * kBBufBytes + kStages * (kStageBytes + kScaleBytes);
   static_assert(2 * 8 * kStages <= 256, "barriers");
   // CTA pairs along M can share (multicast) the B tile (2/3 of the bytes a 128 x 256 tile reads per
   // k-block). Since the release fix in ptx.cuh (mbar_arrive_cluster) the pairs run faster than single
@@ -339,31 +343,73 @@ __device__ __forceinline__ uint32_t dequant_pair(uint32_t two, float s) {
   return r;
 }
 
-// Where the thread's two rows (r, r + 8 of the m64 fragment) find their scales: byte offsets of
-// k-block 0; k-block kb (64 values = scale columns 2kb, 2kb + 1, one aligned u16) adds 2kb (compact)
-// or (kb / 2) * 512 + (kb % 2) * 2 (swizzled 128 x 4 tiles). Rows past the tensor read the last row's
-// scales (their results are never stored; mxfp8_layout.h pads scales to 128 rows only).
-struct ScaleRows {
-  const uint8_t* row[2];
-  bool swizzled;
-  __device__ uint32_t load(int h, int kb) const {
-    const int64_t off = swizzled ? static_cast<int64_t>(kb >> 1) * 512 + (kb & 1) * 2 : 2 * static_cast<int64_t>(kb);
-    return __ldg(reinterpret_cast<const unsigned short*>(row[h] + off));
+// ---- the scale loader (MXFP8): one warp stages a stage's scales in shared memory ----
+// E8M0 127 (2^0) replaces the scales of blocks past K (the zero-filled tail of the last k-block: the
+// padding bytes may be 255, NaN) and of rows / columns past the tensor (never stored).
+__device__ __forceinline__ uint32_t a_scale_pair(const KernelParams& p, int64_t r, int kb) {
+  if (r >= p.rows) r = p.rows - 1;  // mxfp8_layout.h pads scales to 128 rows only
+  const int64_t c = p.a_scale_cols;
+  const int64_t off = p.a_scale_swizzled
+                          ? ((r / 128) * (c / 4) + kb / 2) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + (kb & 1) * 2
+                          : r * c + 2 * kb;
+  uint32_t v = __ldg(reinterpret_cast<const unsigned short*>(p.a_scales + off));
+  if (2 * kb + 1 >= p.a_k32) v = (v & 0xFF) | (127u << 8);
+  return v;
+}
+template <class Cfg>
+__device__ __forceinline__ void load_scales(const KernelParams& p, const Tile& t, int kb, int lane, uint8_t* dst) {
+  constexpr int BN = Cfg::kBlockN;
+  uint16_t* a16 = reinterpret_cast<uint16_t*>(dst);
+#pragma unroll
+  for (int i = 0; i < kBlockM / 32; ++i) a16[lane + 32 * i] = static_cast<uint16_t>(a_scale_pair(p, t.row0 + lane + 32 * i, kb));
+  const bool tail = 2 * kb + 1 >= p.a_k32;
+  const uint8_t* base = p.b_scales + static_cast<int64_t>(t.b_expert) * p.b_scale_bytes;
+  if constexpr (Cfg::kBMajor == Major::k) {  // row-wise [N, K]: u16 per row
+    uint16_t* b16 = reinterpret_cast<uint16_t*>(dst + 2 * kBlockM);
+#pragma unroll
+    for (int i = 0; i < BN / 32; ++i) {
+      int64_t ng = static_cast<int64_t>(t.n_tile) * BN + lane + 32 * i;
+      if (ng >= p.n) ng = p.n - 1;
+      const int64_t c = p.b_scale_cols;
+      const int64_t off = p.b_scale_swizzled
+                              ? ((ng / 128) * (c / 4) + kb / 2) * 512 + (ng % 32) * 16 + ((ng % 128) / 32) * 4 + (kb & 1) * 2
+                              : ng * c + 2 * kb;
+      uint32_t v = __ldg(reinterpret_cast<const unsigned short*>(base + off));
+      if (tail) v = (v & 0xFF) | (127u << 8);
+      b16[lane + 32 * i] = static_cast<uint16_t>(v);
+    }
+  } else {  // column-wise [K, N]: 16 columns per lane and block
+    constexpr int kCols = BN / 16;
+    if (lane < 2 * kCols) {
+      const int j = lane / kCols, m = lane % kCols;
+      const int64_t n0 = static_cast<int64_t>(t.n_tile) * BN + 16 * m, blk = 2 * static_cast<int64_t>(kb) + j;
+      uint4 v = make_uint4(0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu);
+      if (n0 < p.n && !(j == 1 && tail)) {
+        if (!p.b_scale_swizzled) {
+          v = __ldg(reinterpret_cast<const uint4*>(base + blk * p.b_scale_cols + n0));
+        } else {
+          // n0 .. n0 + 15 share the 128 x 4 tile and the 32-column group: 16 bytes 16 apart.
+          const uint8_t* q = base + ((n0 / 128) * (p.b_scale_rows / 4) + blk / 4) * 512 + (n0 % 32) * 16 +
+                             ((n0 % 128) / 32) * 4 + blk % 4;
+          uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+          for (int i = 0; i < 16; ++i) w[i / 4] |= static_cast<uint32_t>(__ldg(q + 16 * i)) << (8 * (i % 4));
+          v = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+      }
+      *reinterpret_cast<uint4*>(dst + 2 * kBlockM + j * BN + 16 * m) = v;
+    }
   }
-};
-__device__ __forceinline__ ScaleRows scale_rows(const KernelParams& p, const Tile& t, int cw, int wtid) {
-  ScaleRows sr;
-  sr.swizzled = p.a_scale_swizzled;
-  const int64_t r0 = t.row0 + 64 * cw + 16 * (wtid / 32) + (wtid % 32) / 4;
+}
+// The A scales of the thread's rows r, r + 8 from the stage's scale area -> f32 [row][block].
+__device__ __forceinline__ void a_scales(uint32_t scl, int cw, int wtid, float (&sc)[2][2]) {
+  const int r = 64 * cw + 16 * (wtid / 32) + (wtid % 32) / 4;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    int64_t r = r0 + 8 * h;
-    if (r >= p.rows) r = p.rows - 1;
-    const int64_t c = p.a_scale_cols;
-    const int64_t off = sr.swizzled ? ((r / 128) * (c / 4)) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 : r * c;
-    sr.row[h] = p.a_scales + off;
+    const uint32_t v = lds_u16(scl + 2 * (r + 8 * h));
+    sc[h][0] = e8m0_f32(v & 0xFF);
+    sc[h][1] = e8m0_f32(v >> 8);
   }
-  return sr;
 }
 
 // The A fragment of k16 step kk for the thread (wgmma m64k16 register layout, per warp 16 rows:
@@ -424,24 +470,15 @@ __device__ __forceinline__ void convert16(uint32_t from, const uint32_t (&s2)[8]
 // Row-wise B ([N, K], b_load k_rows): the FP8 stage is [BN][64] bytes with TMA's 64-byte swizzle
 // (16-byte chunk j of row n at j ^ ((n / 2) % 4)), the BF16 tile [BN][64] with 128-byte swizzle
 // (chunk c of row n at c ^ (n % 8)). Thread t owns row n = t / (256 / BN) and kChunks of its 4
-// chunks; one u16 of scales per row and k-block (blocks 2kb, 2kb + 1).
+// chunks; its scales (blocks 2kb, 2kb + 1) are one u16 of the stage's scale area.
 template <class Cfg>
 struct RowB {
   static constexpr int kChunks = Cfg::kBlockN / 64, kPerRow = 256 / Cfg::kBlockN;
   uint32_t raw = 0;
-  __device__ void load(const KernelParams& p, const Tile& t, int kb, int ct) {
-    int64_t ng = static_cast<int64_t>(t.n_tile) * Cfg::kBlockN + ct / kPerRow;
-    if (ng >= p.n) ng = p.n - 1;  // rows past N: zero data, never stored; stay inside the scales
-    const int64_t c = p.b_scale_cols;
-    const int64_t off = p.b_scale_swizzled
-                            ? ((ng / 128) * (c / 4) + kb / 2) * 512 + (ng % 32) * 16 + ((ng % 128) / 32) * 4 + (kb & 1) * 2
-                            : ng * c + 2 * kb;
-    raw = __ldg(reinterpret_cast<const unsigned short*>(p.b_scales + static_cast<int64_t>(t.b_expert) * p.b_scale_bytes + off));
-  }
-  // Chunk i (< kChunks) of the thread; `tail`: the k-block's second 32-block is past K (scale 1).
-  __device__ void convert(int i, bool tail, uint32_t src, uint32_t dst, int ct) const {
+  __device__ void load(uint32_t scl, int ct) { raw = lds_u16(scl + 2 * kBlockM + 2 * (ct / kPerRow)); }
+  __device__ void convert(int i, uint32_t src, uint32_t dst, int ct) const {
     const int n = ct / kPerRow, j = (ct % kPerRow) * kChunks + i;
-    const uint32_t s = (j >= 2 && tail) ? 0x3F80u : e8m0_bf16(j < 2 ? raw & 0xFF : (raw >> 8) & 0xFF);
+    const uint32_t s = e8m0_bf16(j < 2 ? raw & 0xFF : (raw >> 8) & 0xFF);
     const uint32_t s2 = s | (s << 16);
     const uint32_t all[8] = {s2, s2, s2, s2, s2, s2, s2, s2};
     convert16(src + n * 64 + ((j ^ ((n >> 1) & 3)) << 4), all, dst + n * 128 + (((2 * j) ^ (n & 7)) << 4),
@@ -453,46 +490,30 @@ struct RowB {
 // the BF16 tile BN/64 boxes of [64 k][64 n] with 128-byte swizzle (as the BF16 kernels' mn_boxes).
 // Thread t keeps columns n0 = 16 (t % (BN/16)) .. n0 + 15 and rows k = t / (BN/16) + i 256/(BN/16)
 // (i < kChunks: the first half of them in 32-block 0, the rest in block 1); the 16 scales of its
-// columns per block (compact: one 16-byte load).
+// columns per block are 16 bytes of the scale area, turned into bf16 pairs once per k-block.
 template <class Cfg>
 struct ColB {
   static constexpr int BN = Cfg::kBlockN, kChunks = BN / 64, kCols = BN / 16, kRowStep = 256 / kCols;
   static_assert(kRowStep * kChunks == 64 && kRowStep * kChunks / 2 <= 32, "rows of each 32-block");
-  uint4 raw[2];
-  __device__ void load(const KernelParams& p, const Tile& t, int kb, int ct) {
-    const uint8_t* base = p.b_scales + static_cast<int64_t>(t.b_expert) * p.b_scale_bytes;
-    const int64_t n0 = static_cast<int64_t>(t.n_tile) * BN + 16 * (ct % kCols);
+  uint32_t s2[2][8];
+  __device__ void load(uint32_t scl, int ct) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const int64_t blk = 2 * static_cast<int64_t>(kb) + j;
-      raw[j] = make_uint4(0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu);  // 2^0 where nothing is read
-      if (n0 >= p.n || blk >= p.b_scale_rows) continue;
-      if (!p.b_scale_swizzled) {
-        raw[j] = __ldg(reinterpret_cast<const uint4*>(base + blk * p.b_scale_cols + n0));
-      } else {
-        // n0 .. n0 + 15 share the 128 x 4 tile and the 32-column group: 16 bytes 16 apart.
-        const uint8_t* q = base + ((n0 / 128) * (p.b_scale_rows / 4) + blk / 4) * 512 + (n0 % 32) * 16 +
-                           ((n0 % 128) / 32) * 4 + blk % 4;
-        uint32_t w[4] = {0, 0, 0, 0};
+      const uint4 r = lds128(scl + 2 * kBlockM + j * BN + 16 * (ct % kCols));
+      const uint32_t w[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
-        for (int i = 0; i < 16; ++i) w[i / 4] |= static_cast<uint32_t>(__ldg(q + 16 * i)) << (8 * (i % 4));
-        raw[j] = make_uint4(w[0], w[1], w[2], w[3]);
+      for (int v = 0; v < 8; ++v) {
+        const uint32_t pair = w[v / 2] >> (16 * (v % 2));
+        s2[j][v] = e8m0_bf16(pair & 0xFF) | (e8m0_bf16((pair >> 8) & 0xFF) << 16);
       }
     }
   }
-  __device__ void convert(int i, bool tail, uint32_t src, uint32_t dst, int ct) const {
-    const int n0 = 16 * (ct % kCols), k = ct / kCols + i * kRowStep, j = i >= kChunks / 2 ? 1 : 0;
-    uint32_t s2[8];
-    const uint32_t* b = reinterpret_cast<const uint32_t*>(&raw[j]);
-#pragma unroll
-    for (int v = 0; v < 8; ++v) {
-      const uint32_t pair = b[v / 2] >> (16 * (v % 2));
-      s2[v] = (j == 1 && tail) ? 0x3F803F80u : (e8m0_bf16(pair & 0xFF) | (e8m0_bf16((pair >> 8) & 0xFF) << 16));
-    }
+  __device__ void convert(int i, uint32_t src, uint32_t dst, int ct) const {
+    const int n0 = 16 * (ct % kCols), k = ct / kCols + i * kRowStep;
     const int c = (n0 % 64) / 8;
     const uint32_t to = dst + (n0 / 64) * kBoxBytes + k * 128;
-    convert16(src + (n0 / (BN / 2)) * 64 * (BN / 2) + k * (BN / 2) + n0 % (BN / 2), s2, to + ((c ^ (k & 7)) << 4),
-              to + (((c + 1) ^ (k & 7)) << 4));
+    convert16(src + (n0 / (BN / 2)) * 64 * (BN / 2) + k * (BN / 2) + n0 % (BN / 2), s2[i >= kChunks / 2 ? 1 : 0],
+              to + ((c ^ (k & 7)) << 4), to + (((c + 1) ^ (k & 7)) << 4));
   }
 };
 
@@ -518,19 +539,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   uint8_t* bbuf0 = smem + kStages * Cfg::kStageBytes;              // kBBufs x kBBufBytes (MXFP8)
-  uint8_t* epi_smem = bbuf0 + Cfg::kBBufs * Cfg::kBBufBytes;        // kEpiBytes
+  uint8_t* scl0 = bbuf0 + Cfg::kBBufs * Cfg::kBBufBytes;            // kStages x kScaleBytes (MXFP8)
+  uint8_t* epi_smem = scl0 + kStages * Cfg::kScaleBytes;            // kEpiBytes
   uint64_t* full = reinterpret_cast<uint64_t*>(epi_smem + Cfg::kEpiBytes);  // (stages)
   uint64_t* empty = full + kStages;                                         // (stages)
   auto stage_a = [&](int s) { return smem + s * Cfg::kStageBytes; };
   auto stage_b = [&](int s) { return smem + s * Cfg::kStageBytes + Cfg::kStageA; };
   auto bbuf = [&](int b) { return bbuf0 + b * Cfg::kBBufBytes; };
+  auto scl = [&](int s) { return scl0 + s * Cfg::kScaleBytes; };
 
   constexpr int kCluster = Cfg::kCluster;
   const int wg = threadIdx.x / 128;
   const uint32_t rank = kCluster > 1 ? cluster_rank() : 0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 1);
+      mbar_init(&full[s], Cfg::kMx ? 2 : 1);  // the TMA producer (and the MXFP8 scale loader)
       mbar_init(&empty[s], 2 * kCluster);  // one arrival per consumer warp group of the pair
     }
     fence_barrier_init();
@@ -564,6 +587,23 @@ __global__ void __launch_bounds__(kThreads, 1)
           mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytes);
           load_stage<Cfg>(p, t, kb, rank, stage_a(stage), stage_b(stage), &full[stage], &tma_a, &tma_b0, &tma_b1);
           if (++stage == kStages) stage = 0, phase ^= 1;
+        }
+      }
+    } else if constexpr (Cfg::kMx) {
+      if (threadIdx.x / 32 == 1) {
+        // The scale loader: the stage's A and B scales, in the producer's order.
+        const int lane = threadIdx.x % 32;
+        int stage = 0;
+        uint32_t phase = 0;
+        for (int64_t idx = first; idx < total; idx += step) {
+          const Tile t = tile_at<Cfg::kGrouping, kCluster>(p, idx, rank, m_count);
+          for (int kb = 0; kb < t.k_blocks; ++kb) {
+            mbar_wait(&empty[stage], phase ^ 1);
+            if (t.live) load_scales<Cfg>(p, t, kb, lane, scl(stage));
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&full[stage]);
+            if (++stage == kStages) stage = 0, phase ^= 1;
+          }
         }
       }
     }
@@ -600,67 +640,61 @@ __global__ void __launch_bounds__(kThreads, 1)
       int prev = -1;
       bool prev_zeroed = false, zeroed = false;
       if constexpr (Cfg::kMx) {
-        // Per k-block kb: the A fragment of each k16 step is dequantized from the FP8 stage into
-        // registers while the two wgmma groups before it run (one commit group per step, two in
-        // flight, as CUTLASS's RS mainloop; a[kk] is rewritten four groups later, after
-        // wgmma_wait<2> has retired its reader), and after each step the thread converts one
-        // chunk of B(kb + 1) from the next FP8 stage into the next of the 3 BF16 tiles. That tile
-        // was last read by the wgmmas of kb - 2, retired in both warp groups (each has passed the
-        // barrier that ended kb - 1, after its own wgmma_wait<2> at kk = 3). The stage of kb is
-        // released after its A fragments are read (its B was converted a k-block earlier).
+        // Per k-block kb, for each k16 step kk: issue the wgmma of kk (its A fragment a[kk] is in
+        // registers), convert one chunk of B(kb + 1) from the next FP8 stage into the next of the 3
+        // BF16 tiles, wgmma_wait<2>, then dequantize the A fragment of the following step (the last
+        // step: kb + 1's first) into a[kk + 1], whose reader (three groups back) has retired. The
+        // BF16 tile written here was last read by the wgmmas of kb - 2, retired in both warp groups
+        // (each has passed the barrier that ended kb - 1, after its wgmma_wait<2> at kk = 3). The
+        // stage of kb is released after its A fragments are read (its B was converted, its scales
+        // used, a k-block earlier). One commit group per step, up to three in flight.
         using Atom = typename GmmaRS<BN, Cfg::kBMajor>::Atom;
         using BConv = std::conditional_t<Cfg::kBMajor == Major::k, RowB<Cfg>, ColB<Cfg>>;
         const int wtid = ctid % 128;  // thread within the consumer warp group
-        const ScaleRows sr = scale_rows(p, t, cw, wtid);
-        uint32_t s_raw[2] = {0, 0};
-        BConv bnext;  // the scales of the B k-block converted next
+        uint32_t a[4][4];
+        float sc[2][2];
         if (t.live && t.k_blocks > 0) {
-          s_raw[0] = sr.load(0, 0), s_raw[1] = sr.load(1, 0);
-          bnext.load(p, t, 0, ctid);
           mbar_wait(&full[stage], phase);
+          BConv b0;
+          b0.load(smem_addr(scl(stage)), ctid);
           const uint32_t src = smem_addr(stage_b(stage)), dst = smem_addr(bbuf(xbuf));
 #pragma unroll
-          for (int i = 0; i < BConv::kChunks; ++i) bnext.convert(i, 1 >= p.a_k32, src, dst, ctid);
+          for (int i = 0; i < BConv::kChunks; ++i) b0.convert(i, src, dst, ctid);
           fence_proxy_async_smem();
           named_barrier_sync(kMxBarrier, kConsumerThreads);
-          if (t.k_blocks > 1) bnext.load(p, t, 1, ctid);
+          a_scales(smem_addr(scl(stage)), cw, wtid, sc);
+          fp8_fragment(smem_addr(stage_a(stage)), cw, wtid, 0, sc, a[0]);
         }
-        uint32_t a[4][4];
         // One k-block; kMore: a next one exists (its B is converted here). Two instantiations keep
         // branches out of the wgmma pipeline (ptxas serializes the wgmmas around one, C7513).
-        auto k_block = [&](int kb, auto more_c) {
+        auto k_block = [&](auto more_c) {
           constexpr bool kMore = decltype(more_c)::value;
           int nstage = stage + 1;
           uint32_t nphase = phase;
           if (nstage == kStages) nstage = 0, nphase ^= 1;
           const int nbuf = xbuf + 1 == Cfg::kBBufs ? 0 : xbuf + 1;
-          if constexpr (kMore) mbar_wait(&full[nstage], nphase);
-          // Blocks past K (the zero-filled tail of the last k-block) take scale 1, not the padding
-          // byte (which may be 255, NaN); likewise for B (RowB / ColB convert).
-          const bool tail = 2 * kb + 1 >= p.a_k32, ntail = 2 * kb + 3 >= p.a_k32;
-          float sc[2][2];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            sc[h][0] = e8m0_f32(s_raw[h] & 0xFF);
-            sc[h][1] = tail ? 1.0f : e8m0_f32(s_raw[h] >> 8);
-          }
-          const BConv bcur = bnext;
+          BConv bn;
           if constexpr (kMore) {
-            s_raw[0] = sr.load(0, kb + 1), s_raw[1] = sr.load(1, kb + 1);
-            if (kb + 2 < t.k_blocks) bnext.load(p, t, kb + 2, ctid);
+            mbar_wait(&full[nstage], nphase);
+            bn.load(smem_addr(scl(nstage)), ctid);
           }
-          const uint32_t sa = smem_addr(stage_a(stage));
+          const uint32_t sa = smem_addr(stage_a(stage)), nsa = smem_addr(stage_a(nstage));
           const uint8_t* sb = bbuf(xbuf);
           const uint32_t nsrc = smem_addr(stage_b(nstage)), ndst = smem_addr(bbuf(nbuf));
 #pragma unroll
           for (int kk = 0; kk < kBlockK / 16; ++kk) {
-            fp8_fragment(sa, cw, wtid, kk, sc, a[kk]);
             wgmma_fence();
             gmma_call_rs<Atom>(a[kk], b_desc<Cfg>(sb, kk), acc, std::make_index_sequence<BN / 2>{});
             wgmma_commit();
-            wgmma_wait<2>();
             if constexpr (kMore) {
-              if (kk < BConv::kChunks) bcur.convert(kk, ntail, nsrc, ndst, ctid);
+              if (kk < BConv::kChunks) bn.convert(kk, nsrc, ndst, ctid);
+            }
+            wgmma_wait<2>();
+            if (kk + 1 < kBlockK / 16) {
+              fp8_fragment(sa, cw, wtid, kk + 1, sc, a[kk + 1]);
+            } else if constexpr (kMore) {
+              a_scales(smem_addr(scl(nstage)), cw, wtid, sc);
+              fp8_fragment(nsa, cw, wtid, 0, sc, a[0]);
             }
           }
           release(stage, false);
@@ -672,8 +706,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           stage = nstage, phase = nphase;
         };
         if (t.live) {
-          for (int kb = 0; kb + 1 < t.k_blocks; ++kb) k_block(kb, std::true_type{});
-          if (t.k_blocks > 0) k_block(t.k_blocks - 1, std::false_type{});
+          for (int kb = 0; kb + 1 < t.k_blocks; ++kb) k_block(std::true_type{});
+          if (t.k_blocks > 0) k_block(std::false_type{});
         } else {
           for (int kb = 0; kb < t.k_blocks; ++kb) {
             mbar_wait(&full[stage], phase);

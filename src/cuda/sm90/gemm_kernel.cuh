@@ -46,7 +46,7 @@ inline constexpr int kGluBwdEpiBytes = 2 * kGluBwdStageBytes + 8 * 2 * kGluBwdPa
 // their scales, [N, K] row-wise or [K, N] column-wise) arrives in the ring as FP8 halves; the
 // consumers turn it into a BF16 tile in the layout the BF16 kernels' TMA would have written
 // (128-byte swizzle) in one of kBBufs buffers, which the wgmma reads. Warp 1 of the producer warp
-// group (the scale loader) stages both operands' scales per stage. The weights thus cross HBM as
+// group (the scale loaders, warps 1-3) stage both operands' scales per stage. The weights thus cross HBM as
 // FP8: the layer's weight GEMMs are bound by weight bytes at the presets' tokens per expert.
 template <int BN_, Major AMajor_, Major BMajor_, Grouping G_, Epi E_, int Cluster_ = 1, bool Mx_ = false>
 struct KernelConfig {
@@ -343,7 +343,7 @@ __device__ __forceinline__ uint32_t dequant_pair(uint32_t two, float s) {
   return r;
 }
 
-// ---- the scale loader (MXFP8): one warp stages a stage's scales in shared memory ----
+// ---- the scale loaders (MXFP8): warps 1-3 stage a stage's scales in shared memory ----
 // E8M0 127 (2^0) replaces the scales of blocks past K (the zero-filled tail of the last k-block: the
 // padding bytes may be 255, NaN) and of rows / columns past the tensor (never stored).
 __device__ __forceinline__ uint32_t a_scale_pair(const KernelParams& p, int64_t r, int kb) {
@@ -356,48 +356,64 @@ __device__ __forceinline__ uint32_t a_scale_pair(const KernelParams& p, int64_t 
   if (2 * kb + 1 >= p.a_k32) v = (v & 0xFF) | (127u << 8);
   return v;
 }
+inline constexpr int kLoaderThreads = 96;  // warps 1-3 of the producer warp group
+// Items of a stage's scale area: 128 A rows (u16), then BN B rows (u16, row-wise) or 2 x BN/16
+// column chunks (16 bytes, column-wise); thread lt takes items lt, lt + 96, ... : all its loads are
+// issued before any store.
 template <class Cfg>
-__device__ __forceinline__ void load_scales(const KernelParams& p, const Tile& t, int kb, int lane, uint8_t* dst) {
-  constexpr int BN = Cfg::kBlockN;
-  uint16_t* a16 = reinterpret_cast<uint16_t*>(dst);
-#pragma unroll
-  for (int i = 0; i < kBlockM / 32; ++i) a16[lane + 32 * i] = static_cast<uint16_t>(a_scale_pair(p, t.row0 + lane + 32 * i, kb));
+__device__ __forceinline__ void load_scales(const KernelParams& p, const Tile& t, int kb, int lt, uint8_t* dst) {
+  constexpr int BN = Cfg::kBlockN, kCols = BN / 16;
+  constexpr bool kRows = Cfg::kBMajor == Major::k;
+  constexpr int kItems = kBlockM + (kRows ? BN : 2 * kCols);
+  constexpr int kPer = (kItems + kLoaderThreads - 1) / kLoaderThreads;
   const bool tail = 2 * kb + 1 >= p.a_k32;
   const uint8_t* base = p.b_scales + static_cast<int64_t>(t.b_expert) * p.b_scale_bytes;
-  if constexpr (Cfg::kBMajor == Major::k) {  // row-wise [N, K]: u16 per row
-    uint16_t* b16 = reinterpret_cast<uint16_t*>(dst + 2 * kBlockM);
+  uint4 v[kPer];
 #pragma unroll
-    for (int i = 0; i < BN / 32; ++i) {
-      int64_t ng = static_cast<int64_t>(t.n_tile) * BN + lane + 32 * i;
+  for (int i = 0; i < kPer; ++i) {
+    const int it = lt + i * kLoaderThreads;
+    v[i] = make_uint4(0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu);
+    if (it >= kItems) continue;
+    if (it < kBlockM) {
+      v[i].x = a_scale_pair(p, t.row0 + it, kb);
+    } else if constexpr (kRows) {
+      int64_t ng = static_cast<int64_t>(t.n_tile) * BN + (it - kBlockM);
       if (ng >= p.n) ng = p.n - 1;
       const int64_t c = p.b_scale_cols;
       const int64_t off = p.b_scale_swizzled
                               ? ((ng / 128) * (c / 4) + kb / 2) * 512 + (ng % 32) * 16 + ((ng % 128) / 32) * 4 + (kb & 1) * 2
                               : ng * c + 2 * kb;
-      uint32_t v = __ldg(reinterpret_cast<const unsigned short*>(base + off));
-      if (tail) v = (v & 0xFF) | (127u << 8);
-      b16[lane + 32 * i] = static_cast<uint16_t>(v);
-    }
-  } else {  // column-wise [K, N]: 16 columns per lane and block
-    constexpr int kCols = BN / 16;
-    if (lane < 2 * kCols) {
-      const int j = lane / kCols, m = lane % kCols;
+      v[i].x = __ldg(reinterpret_cast<const unsigned short*>(base + off));
+      if (tail) v[i].x = (v[i].x & 0xFF) | (127u << 8);
+    } else {
+      const int j = (it - kBlockM) / kCols, m = (it - kBlockM) % kCols;
       const int64_t n0 = static_cast<int64_t>(t.n_tile) * BN + 16 * m, blk = 2 * static_cast<int64_t>(kb) + j;
-      uint4 v = make_uint4(0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu);
       if (n0 < p.n && !(j == 1 && tail)) {
         if (!p.b_scale_swizzled) {
-          v = __ldg(reinterpret_cast<const uint4*>(base + blk * p.b_scale_cols + n0));
+          v[i] = __ldg(reinterpret_cast<const uint4*>(base + blk * p.b_scale_cols + n0));
         } else {
           // n0 .. n0 + 15 share the 128 x 4 tile and the 32-column group: 16 bytes 16 apart.
           const uint8_t* q = base + ((n0 / 128) * (p.b_scale_rows / 4) + blk / 4) * 512 + (n0 % 32) * 16 +
                              ((n0 % 128) / 32) * 4 + blk % 4;
           uint32_t w[4] = {0, 0, 0, 0};
 #pragma unroll
-          for (int i = 0; i < 16; ++i) w[i / 4] |= static_cast<uint32_t>(__ldg(q + 16 * i)) << (8 * (i % 4));
-          v = make_uint4(w[0], w[1], w[2], w[3]);
+          for (int e = 0; e < 16; ++e) w[e / 4] |= static_cast<uint32_t>(__ldg(q + 16 * e)) << (8 * (e % 4));
+          v[i] = make_uint4(w[0], w[1], w[2], w[3]);
         }
       }
-      *reinterpret_cast<uint4*>(dst + 2 * kBlockM + j * BN + 16 * m) = v;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int it = lt + i * kLoaderThreads;
+    if (it >= kItems) continue;
+    if (it < kBlockM) {
+      reinterpret_cast<uint16_t*>(dst)[it] = static_cast<uint16_t>(v[i].x);
+    } else if constexpr (kRows) {
+      reinterpret_cast<uint16_t*>(dst + 2 * kBlockM)[it - kBlockM] = static_cast<uint16_t>(v[i].x);
+    } else {
+      const int j = (it - kBlockM) / kCols, m = (it - kBlockM) % kCols;
+      *reinterpret_cast<uint4*>(dst + 2 * kBlockM + j * BN + 16 * m) = v[i];
     }
   }
 }
@@ -553,7 +569,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t rank = kCluster > 1 ? cluster_rank() : 0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], Cfg::kMx ? 2 : 1);  // the TMA producer (and the MXFP8 scale loader)
+      mbar_init(&full[s], Cfg::kMx ? 1 + kLoaderThreads : 1);  // the TMA producer (and the MXFP8 scale loaders)
       mbar_init(&empty[s], 2 * kCluster);  // one arrival per consumer warp group of the pair
     }
     fence_barrier_init();
@@ -590,18 +606,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     } else if constexpr (Cfg::kMx) {
-      if (threadIdx.x / 32 == 1) {
-        // The scale loader: the stage's A and B scales, in the producer's order.
-        const int lane = threadIdx.x % 32;
+      if (threadIdx.x >= 32) {
+        // The scale loaders: the stage's A and B scales, in the producer's order; each of the 96
+        // threads arrives on the full barrier after its stores.
+        const int lt = threadIdx.x - 32;
         int stage = 0;
         uint32_t phase = 0;
         for (int64_t idx = first; idx < total; idx += step) {
           const Tile t = tile_at<Cfg::kGrouping, kCluster>(p, idx, rank, m_count);
           for (int kb = 0; kb < t.k_blocks; ++kb) {
             mbar_wait(&empty[stage], phase ^ 1);
-            if (t.live) load_scales<Cfg>(p, t, kb, lane, scl(stage));
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&full[stage]);
+            if (t.live) load_scales<Cfg>(p, t, kb, lt, scl(stage));
+            mbar_arrive(&full[stage]);
             if (++stage == kStages) stage = 0, phase ^= 1;
           }
         }

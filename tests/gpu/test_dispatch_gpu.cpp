@@ -17,17 +17,35 @@ Problem small(Recipe r) {
   return p;
 }
 
+// The MXFP8 layer: the steps cuda_sm90 does not take (the quantizers) fall back to cuda_portable
+// with its reason; its GEMM steps run on cuda_sm90 where that backend is available (on any other
+// GPU every step falls back, each with the reason).
 TEST(GpuDispatch, PreferredBackendUnavailableFallsBackToPortableAndSaysWhy) {
   MXMOE_REQUIRE_GPU();
   LayerData d = make_layer_data(small(Recipe::mxfp8), {20, 0, 44});
   Context ctx;
+  bool sm90 = false;
+  for (const BackendInfo& b : ctx.backends(Device{DeviceType::cuda, 0}))
+    if (b.name == "cuda_sm90") sm90 = b.available;
   LayerOutputs o;
   ASSERT_NO_THROW(o = run_layer(ctx, Device{DeviceType::cuda, 0}, d));
+  int fell_back = 0, on_sm90 = 0;
   for (const StepRecord& r : o.report) {
+    const bool gemm = r.step.rfind("fc", 0) == 0;
+    if (r.backend == "cuda_sm90") {
+      EXPECT_TRUE(sm90 && gemm) << r.step;
+      ++on_sm90;
+      continue;
+    }
     EXPECT_EQ(r.backend, "cuda_portable") << r.step;
     ASSERT_FALSE(r.skipped.empty()) << r.step;
     EXPECT_EQ(r.skipped[0].first, "cuda_sm90");
     EXPECT_FALSE(r.skipped[0].second.empty());
+    ++fell_back;
+  }
+  EXPECT_GT(fell_back, 0);
+  if (sm90) {
+    EXPECT_GT(on_sm90, 0);
   }
 }
 

@@ -168,6 +168,22 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, DType dw_dtype, uint6
     backward(ctx, s, ba);
   }, stream);
   add("layer_fwd_bwd", fb_ms, 18 * tHF, 0);
+  if (recipe == Recipe::mxfp8) {
+    // Weights quantized once per version (prepare_weights, timed on its own) and reused, as across
+    // micro-batches or with the PyTorch module's cache; the rows above quantize them in the call.
+    WeightsArgs wa{fa.w1, fa.w2};
+    add("prepare_weights", median_ms([&] { PreparedWeights w = prepare_weights(ctx, p, wa); }, stream), 0, 0);
+    PreparedWeights pw = prepare_weights(ctx, p, wa);
+    ForwardArgs fp = fa;
+    fp.prepared = &pw;
+    BackwardArgs bp = ba;
+    bp.prepared = &pw;
+    add("layer_fwd_prepared", median_ms([&] { SavedState s = forward(ctx, p, fp); }, stream), 6 * tHF, 0);
+    add("layer_fwd_bwd_prepared", median_ms([&] {
+      SavedState s = forward(ctx, p, fp);
+      backward(ctx, s, bp);
+    }, stream), 18 * tHF, 0);
+  }
 
   // The layer's steps (src/api/layer_steps.h), on operands prepared once in the recipe's format,
   // each on the backend the layer would choose for it, with the step's own FLOP/byte model.

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "src/cuda/common/check.h"
+#include "src/cuda/cuda_ops.h"
 #include "src/cuda/sm90/gemm_m_plan.h"
 #include "src/cuda/sm90/launch.cuh"
 #include "src/cuda/sm90/tensor_map.h"
@@ -15,13 +16,20 @@ using Wgrad = KernelConfig<kWgradN, Major::mn, Major::mn, Grouping::k, Epi::wgra
 constexpr int64_t kStandIn = 256;  // bytes a tensor map over no tokens points at
 }  // namespace
 
+namespace {
+const TensorView& view(const Operand& o) { return o.is_mxfp8() ? o.mx.data : o.bf16; }
+}  // namespace
+
 std::string gemm_k_refusal(const KGroupedGemmArgs& a) {
-  if (a.a.is_mxfp8() || a.b.is_mxfp8()) return "MXFP8 operands: the sm90 MXFP8 kernels are not in this build yet";
-  const int64_t m = a.a.bf16.shape[1], n = a.b.bf16.shape[1];
+  if (a.a.is_mxfp8() != a.b.is_mxfp8()) return "one MXFP8 operand and one BF16 operand";
+  if (a.a.is_mxfp8() && (a.a.mx.axis != BlockAxis::col || a.b.mx.axis != BlockAxis::col))
+    return "MXFP8 wgrad operands must be column-wise (blocks along the tokens)";
+  const int64_t m = view(a.a).shape[1], n = view(a.b).shape[1];
   if (m % 8 != 0 || n % 8 != 0)
     return "M = " + std::to_string(m) + ", N = " + std::to_string(n) +
            ": both must be multiples of 8 (TMA rows must be 16-byte aligned)";
-  if (!tma_aligned(a.a.bf16.data) || !tma_aligned(a.b.bf16.data)) return "an operand's address is not 16-byte aligned (TMA)";
+  if (!a.a.is_mxfp8() && (!tma_aligned(a.a.bf16.data) || !tma_aligned(a.b.bf16.data)))
+    return "an operand's address is not 16-byte aligned (TMA)";
   return {};
 }
 
@@ -60,13 +68,35 @@ KPlan plan_gemm_k(const KGroupedGemmArgs& a, int bn, Workspace& ws, cudaStream_t
   return plan;
 }
 
+namespace {
+void run_gemm_k(const KGroupedGemmArgs& a, cudaStream_t stream) {
+  Workspace ws(gemm_k_workspace_bytes(a), stream);
+  const KPlan plan = plan_gemm_k(a, kWgradN, ws, stream);
+  launch<Wgrad>(plan.params, plan.launch_tiles, plan.a, plan.b, plan.b, stream);
+}
+}  // namespace
+
+// MXFP8 operands (column-wise, blocks of 32 tokens restarting at each group): both are dequantized
+// into transient BF16 copies [T, M] and [T, N] (the exact values), which the BF16 kernel reads
+// through TMA; the copies are freed (stream-ordered) when the call returns.
 void gemm_k(const KGroupedGemmArgs& a, void* stream_ptr) {
   const cudaStream_t stream = as_stream(stream_ptr);
   const std::string why = gemm_k_refusal(a);
   if (!why.empty()) throw Error("cuda_sm90", why);
-  Workspace ws(gemm_k_workspace_bytes(a), stream);
-  const KPlan plan = plan_gemm_k(a, kWgradN, ws, stream);
-  launch<Wgrad>(plan.params, plan.launch_tiles, plan.a, plan.b, plan.b, stream);
+  if (!a.a.is_mxfp8()) return run_gemm_k(a, stream);
+  const TensorView &av = a.a.mx.data, &bv = a.b.mx.data;
+  const int64_t rows = av.shape[0], m = av.shape[1], n = bv.shape[1];
+  Workspace tmp(Workspace::aligned(rows * m * 2) + Workspace::aligned(rows * n * 2), stream);
+  KGroupedGemmArgs b = a;
+  b.a = Operand{};
+  b.b = Operand{};
+  b.a.bf16 = TensorView::of(tmp.take<uint16_t>(rows * m), DType::bf16, {rows, m}, av.device);
+  b.b.bf16 = TensorView::of(tmp.take<uint16_t>(rows * n), DType::bf16, {rows, n}, bv.device);
+  if (rows > 0) {
+    dequantize(DequantizeArgs{a.a.mx, a.offsets, b.a.bf16}, stream);
+    dequantize(DequantizeArgs{a.b.mx, a.offsets, b.b.bf16}, stream);
+  }
+  run_gemm_k(b, stream);
 }
 
 }  // namespace mxmoe::cuda::sm90

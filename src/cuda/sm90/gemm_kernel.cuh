@@ -40,31 +40,37 @@ inline constexpr int kGluBwdRow = 4 * kGluBwdPass;
 inline constexpr int kGluBwdStageBytes = 64 * kGluBwdRow;
 inline constexpr int kGluBwdEpiBytes = 2 * kGluBwdStageBytes + 8 * 2 * kGluBwdPass * 4;
 
-// Mx: both operands MXFP8 (m-grouped). A (e4m3 tokens [T, K], row-wise E8M0 scales, K-major): TMA
-// brings [128][64] bytes with 64-byte swizzle, the consumers turn them into BF16 wgmma A fragments
-// in registers (value x 2^(scale - 127), exact) and run register-A wgmma (RS). B (e4m3 weights with
-// their scales, [N, K] row-wise or [K, N] column-wise) arrives in the ring as FP8 halves; the
-// consumers turn it into a BF16 tile in the layout the BF16 kernels' TMA would have written
-// (128-byte swizzle) in one of kBBufs buffers, which the wgmma reads. Warp 1 of the producer warp
-// group (the scale loaders, warps 1-3) stage both operands' scales per stage. The weights thus cross HBM as
-// FP8: the layer's weight GEMMs are bound by weight bytes at the presets' tokens per expert.
-template <int BN_, Major AMajor_, Major BMajor_, Grouping G_, Epi E_, int Cluster_ = 1, bool Mx_ = false>
+// Mx (m-grouped, MXFP8 A): A (e4m3 tokens [T, K], row-wise E8M0 scales, K-major) arrives by TMA
+// as [128][64] bytes with 64-byte swizzle; the consumers turn it into BF16 wgmma A fragments in
+// registers (value x 2^(scale - 127), exact) and run register-A wgmma (RS). Warps 1-3 of the
+// producer warp group (the scale loaders) stage each stage's scales in shared memory.
+//   Mx::a   B is BF16 (the exact dequantized weights: gemm_m.cu makes them from MXFP8 B), loaded
+//           and read as in the BF16 kernels; any epilogue.
+//   Mx::ab  B is e4m3 too ([N, K] row-wise or [K, N] column-wise) and arrives in the ring as FP8
+//           halves; the consumers turn it into a BF16 tile (the layout the BF16 kernels' TMA would
+//           have written, 128-byte swizzle) in one of kBBufs buffers, which the wgmma reads. The
+//           weights then cross HBM as FP8, but the conversion (about 30 values per clock per SM on
+//           the H200, bench/cvt_bench.cu) costs more issue slots than the wgmmas leave free.
+enum class Mx : uint8_t { none, a, ab };
+template <int BN_, Major AMajor_, Major BMajor_, Grouping G_, Epi E_, int Cluster_ = 1, Mx Mx_ = Mx::none>
 struct KernelConfig {
   static constexpr int kBlockN = BN_;
   static constexpr Major kAMajor = AMajor_, kBMajor = BMajor_;
   static constexpr Grouping kGrouping = G_;
   static constexpr Epi kEpi = E_;
-  static constexpr bool kMx = Mx_;
-  static_assert(!Mx_ || (G_ == Grouping::m && AMajor_ == Major::k), "MXFP8: m-grouped, K-major tokens");
-  static constexpr int kElem = Mx_ ? 1 : 2;                   // bytes per operand value in the ring
-  static constexpr int kStageA = kBlockM * kBlockK * kElem;  // (128, 64) K-major or 2 x (64 k, 64 m)
-  static constexpr int kStageB = kBlockN * kBlockK * kElem;  // (BN, 64) K-major or BN/64 x (64 k, 64 n)
+  static constexpr bool kMx = Mx_ != Mx::none;  // FP8 A
+  static constexpr bool kMxB = Mx_ == Mx::ab;    // FP8 B, converted in shared memory
+  static_assert(!kMx || (G_ == Grouping::m && AMajor_ == Major::k), "MXFP8: m-grouped, K-major tokens");
+  static_assert(!kMxB || E_ == Epi::store, "FP8 B: the store epilogue");
+  static constexpr int kElemA = kMx ? 1 : 2, kElemB = kMxB ? 1 : 2;  // bytes per operand value in the ring
+  static constexpr int kStageA = kBlockM * kBlockK * kElemA;  // (128, 64) K-major or 2 x (64 k, 64 m)
+  static constexpr int kStageB = kBlockN * kBlockK * kElemB;  // (BN, 64) K-major or BN/64 x (64 k, 64 n)
   static constexpr int kStageBytes = kStageA + kStageB;
-  static constexpr int kBBufs = Mx_ ? 3 : 0;                  // BF16 B tiles (converted -> wgmma)
+  static constexpr int kBBufs = kMxB ? 3 : 0;                  // BF16 B tiles (converted -> wgmma)
   static constexpr int kBBufBytes = kBlockN * kBlockK * 2;
-  // MXFP8: each stage's E8M0 scales, staged by the scale loader (warp 1): A [128 rows] u16 (blocks
-  // 2kb, 2kb + 1), then B [BN rows] u16 (row-wise) or [2 blocks][BN columns] bytes (column-wise).
-  static constexpr int kScaleBytes = Mx_ ? 2 * kBlockM + 2 * kBlockN : 0;
+  // MXFP8: each stage's E8M0 scales, staged by the scale loaders: A [128 rows] u16 (blocks 2kb,
+  // 2kb + 1), then (FP8 B) B [BN rows] u16 (row-wise) or [2 blocks][BN columns] bytes (column-wise).
+  static constexpr int kScaleBytes = kMx ? 2 * kBlockM + (kMxB ? 2 * kBlockN : 0) : 0;
   // The epilogue's shared memory (epilogue.cuh): a 64-row x 256-byte output stage per consumer warp
   // group; glu_backward: 512-byte rows and the db1 column partials.
   static constexpr int kEpiBytes = E_ == Epi::glu_backward ? kGluBwdEpiBytes : 2 * kOutStageBytes;
@@ -195,7 +201,7 @@ __device__ __forceinline__ void load_b_half(const KernelParams& p, const Tile& t
       else tma_load_2d(mb0, bar, sb + i * kBoxBytes, n0 + 64 * i, k);
     }
   } else {
-    uint8_t* dst = sb + h * (BN / 2) * 64 * Cfg::kElem;
+    uint8_t* dst = sb + h * (BN / 2) * 64 * Cfg::kElemB;
     switch (p.b_load) {
       case BLoad::mn_halves: {  // MXFP8 [K, N]: [64 k][BN/2 n] bytes per half
         const int32_t n = t.n_tile * BN + h * (BN / 2);
@@ -364,7 +370,7 @@ template <class Cfg>
 __device__ __forceinline__ void load_scales(const KernelParams& p, const Tile& t, int kb, int lt, uint8_t* dst) {
   constexpr int BN = Cfg::kBlockN, kCols = BN / 16;
   constexpr bool kRows = Cfg::kBMajor == Major::k;
-  constexpr int kItems = kBlockM + (kRows ? BN : 2 * kCols);
+  constexpr int kItems = kBlockM + (!Cfg::kMxB ? 0 : kRows ? BN : 2 * kCols);
   constexpr int kPer = (kItems + kLoaderThreads - 1) / kLoaderThreads;
   const bool tail = 2 * kb + 1 >= p.a_k32;
   const uint8_t* base = p.b_scales + static_cast<int64_t>(t.b_expert) * p.b_scale_bytes;
@@ -655,7 +661,43 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       int prev = -1;
       bool prev_zeroed = false, zeroed = false;
-      if constexpr (Cfg::kMx) {
+      if constexpr (Cfg::kMx && !Cfg::kMxB) {
+        // FP8 A, BF16 B in the stage. Per k16 step kk: issue the wgmma of kk (A fragment a[kk] in
+        // registers, B from the stage), then dequantize the fragment of kk + 1, wgmma_wait<2>: the
+        // fragment written next (four steps back) has been read. A k-block's first fragment is
+        // made while the previous block's last two wgmmas run. The stage of kb is released at
+        // step 1 of kb + 1, when its wgmmas (B read from shared memory) have retired.
+        using Atom = typename GmmaRS<BN, Cfg::kBMajor>::Atom;
+        const int wtid = ctid % 128;
+        uint32_t a[4][4];
+        float sc[2][2];
+        if (t.live) {
+          for (int kb = 0; kb < t.k_blocks; ++kb) {
+            mbar_wait(&full[stage], phase);
+            const uint32_t sa = smem_addr(stage_a(stage));
+            const uint8_t* sb = stage_b(stage);
+            a_scales(smem_addr(scl(stage)), cw, wtid, sc);
+            fp8_fragment(sa, cw, wtid, 0, sc, a[0]);
+#pragma unroll
+            for (int kk = 0; kk < kBlockK / 16; ++kk) {
+              wgmma_fence();
+              gmma_call_rs<Atom>(a[kk], b_desc<Cfg>(sb, kk), acc, std::make_index_sequence<BN / 2>{});
+              wgmma_commit();
+              if (kk + 1 < kBlockK / 16) fp8_fragment(sa, cw, wtid, kk + 1, sc, a[kk + 1]);
+              wgmma_wait<2>();
+              if (kk == 1 && prev >= 0) release(prev, false);
+            }
+            prev = stage;
+            if (++stage == kStages) stage = 0, phase ^= 1;
+          }
+        } else {
+          for (int kb = 0; kb < t.k_blocks; ++kb) {
+            mbar_wait(&full[stage], phase);
+            release(stage, false);
+            if (++stage == kStages) stage = 0, phase ^= 1;
+          }
+        }
+      } else if constexpr (Cfg::kMxB) {
         // Per k-block kb, for each k16 step kk: issue the wgmma of kk (its A fragment a[kk] is in
         // registers), convert one chunk of B(kb + 1) from the next FP8 stage into the next of the 3
         // BF16 tiles, wgmma_wait<2>, then dequantize the A fragment of the following step (the last

@@ -4,12 +4,14 @@
 // reductions. No host reads of the offsets, no stream sync (graph-capturable).
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "src/cuda/common/check.h"
 #include "src/cuda/common/reductions.h"
+#include "src/cuda/cuda_ops.h"
 #include "src/cuda/sm90/gemm_m_plan.h"
 #include "src/cuda/sm90/launch.cuh"
 #include "src/cuda/sm90/tensor_map.h"
@@ -29,13 +31,7 @@ using StoreKMNNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, 
 using GluFwd = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::glu_forward, kPair>;
 using GluBwd = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair>;
 using GluBwdNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair>;
-// MXFP8: e4m3 tokens dequantized in registers, e4m3 weights turned into BF16 tiles in shared memory
-// (gemm_kernel.cuh, KernelConfig Mx).
-constexpr bool kMx = true;
-using MxStoreKK = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::store, kPair, kMx>;
-using MxStoreKMN = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::store, kPair, kMx>;
-using MxStoreKKNarrow = KernelConfig<kNarrowN, Major::k, Major::k, Grouping::m, Epi::store, kPair, kMx>;
-using MxStoreKMNNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::store, kPair, kMx>;
+// The MXFP8 configurations live in gemm_m_mx.cu (launch_gemm_m_mx), a translation unit of their own.
 
 const TensorView& a_view(const detail::MGemmStep& s) { return s.gemm.a.is_mxfp8() ? s.gemm.a.mx.data : s.gemm.a.bf16; }
 int64_t a_rows(const detail::MGemmStep& s) { return a_view(s).shape[0]; }
@@ -55,8 +51,6 @@ std::string gemm_m_refusal(const detail::MGemmStep& s) {
   const MGroupedGemmArgs& g = s.gemm;
   if (g.a.is_mxfp8() != g.b.is_mxfp8()) return "one MXFP8 operand and one BF16 operand";
   if (g.a.is_mxfp8()) {
-    if (s.epilogue != detail::Epilogue::store)
-      return "MXFP8 operands with a GLU epilogue: the sm90 MXFP8 kernels serve the store epilogue so far";
     if (g.a.mx.axis != BlockAxis::row) return "MXFP8 A must be row-wise (blocks along K)";
     const int64_t k = g.a.mx.data.shape[1];
     if (k % 32 != 0) return "MXFP8 K = " + std::to_string(k) + " is not a multiple of 32";
@@ -74,15 +68,15 @@ std::string gemm_m_refusal(const detail::MGemmStep& s) {
   }
   if (g.b.data.per_expert())
     return "per-expert weight pointers: the sm90 kernels read one dense [E, ...] weight tensor through TMA";
-  if (s.out_row.data.data != nullptr || s.out_col.data.data != nullptr)
-    return "MXFP8 epilogue outputs: the sm90 quantizing epilogues are not in this build yet";
+  const bool mx_out = s.out_row.data.data != nullptr || s.out_col.data.data != nullptr;
+  if (mx_out && s.epilogue == detail::Epilogue::store) return "MXFP8 outputs of the store epilogue";
   const int64_t k = a_view(s).shape[1], n = detail::gemm_width(s);
   if (k % 8 != 0) return "K = " + std::to_string(k) + " is not a multiple of 8 (TMA rows must be 16-byte aligned)";
   if (n % 8 != 0) return "N = " + std::to_string(n) + " is not a multiple of 8 (TMA rows must be 16-byte aligned)";
   if (!g.a.is_mxfp8() && (!tma_aligned(g.a.bf16.data) || !tma_aligned(g.b.data.dense.data)))
     return "an operand's address is not 16-byte aligned (TMA)";
-  if (s.epilogue == detail::Epilogue::glu_forward && s.out_bf16.data == nullptr)
-    return "glu_forward without a BF16 output";
+  if (s.epilogue == detail::Epilogue::glu_forward && s.out_bf16.data == nullptr && !mx_out)
+    return "glu_forward without an output";
   if (s.epilogue == detail::Epilogue::glu_forward && g.b_kn)
     return "glu_forward with B_e as [K, N]: the sm90 kernel reads W1 as [2F, K] (the layer's layout)";
   if (s.epilogue == detail::Epilogue::glu_backward && !g.b_kn)
@@ -165,8 +159,14 @@ MPlan plan_gemm_m(const detail::MGemmStep& s, int bn, Workspace& ws, cudaStream_
     p.a_scale_cols = static_cast<int32_t>(rowwise_scale_cols(k));
     p.a_k32 = static_cast<int32_t>(k / 32);
     p.a_scale_swizzled = g.a.mx.layout == ScaleLayout::swizzled;
+  } else {
+    plan.a = make_tensor_map_bf16("gemm.a", av.data, {K, static_cast<uint64_t>(rows)}, {K * 2}, {kBlockK, kBlockM});
+  }
+  // Upper bound of the tiles (pairs, for clusters of 2); the real count is read on the device.
+  plan.launch_tiles = static_cast<int64_t>(m_tiles_bound(rows, experts, kBlockM)) * p.n_tiles;
+  if (g.b.is_mxfp8()) {
     // B: e4m3 halves of the tile ([BN/2][64] bytes, 64-byte swizzle; or [64][BN/2] from [K, N]) and
-    // the scales, which the transformer reads.
+    // the scales, which the scale loaders stage.
     const uint64_t N = static_cast<uint64_t>(n);
     const uint32_t half = static_cast<uint32_t>(bn / 2);
     p.b_scales = static_cast<const uint8_t*>(g.b.scales.dense.data);
@@ -184,10 +184,8 @@ MPlan plan_gemm_m(const detail::MGemmStep& s, int bn, Workspace& ws, cudaStream_
       plan.b0 = make_tensor_map_u8("gemm.b", w, {K, N, E}, {K, N * K}, {kBlockK, half, 1}, true);
     }
     plan.b1 = plan.b0;
-    plan.launch_tiles = static_cast<int64_t>(m_tiles_bound(rows, experts, kBlockM)) * p.n_tiles;
     return plan;
   }
-  plan.a = make_tensor_map_bf16("gemm.a", av.data, {K, static_cast<uint64_t>(rows)}, {K * 2}, {kBlockK, kBlockM});
   const uint32_t half = static_cast<uint32_t>(bn / 2);  // B is loaded in two halves (pairs share them)
   if (glu_fwd) {
     const uint64_t F = static_cast<uint64_t>(s.ffn);
@@ -217,8 +215,6 @@ MPlan plan_gemm_m(const detail::MGemmStep& s, int bn, Workspace& ws, cudaStream_
     plan.b0 = make_tensor_map_bf16("gemm.b", w, {K, N, E}, {K * 2, N * K * 2}, {kBlockK, half, 1});
     plan.b1 = plan.b0;
   }
-  // Upper bound of the tiles (pairs, for clusters of 2); the real count is read on the device.
-  plan.launch_tiles = static_cast<int64_t>(m_tiles_bound(rows, experts, kBlockM)) * p.n_tiles;
   return plan;
 }
 
@@ -232,41 +228,93 @@ void finish_gemm_m(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t s
   }
 }
 
-void gemm_m(const detail::MGemmStep& s, void* stream_ptr) {
-  const cudaStream_t stream = as_stream(stream_ptr);
-  const std::string why = gemm_m_refusal(s);
-  if (!why.empty()) throw Error("cuda_sm90", why);
-  if (s.gemm.offsets.experts() <= 0) return;
+namespace {
+// Runs a step whose B is BF16 (A BF16 or MXFP8) or, with the store epilogue, MXFP8 on both sides.
+void run_gemm_m(const detail::MGemmStep& s, cudaStream_t stream) {
   const int bn = default_block_n(s);
   Workspace ws(gemm_m_workspace_bytes(s, bn), stream);
   const MPlan plan = plan_gemm_m(s, bn, ws, stream);
   const KernelParams& p = plan.params;
   const bool wide = bn == kWideN;
-  switch (s.epilogue) {
-    case detail::Epilogue::glu_forward: launch<GluFwd>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream); break;
-    case detail::Epilogue::glu_backward:
-      if (bn == kWideN) launch<GluBwd>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
-      else launch<GluBwdNarrow>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
-      break;
-    case detail::Epilogue::store:
-      if (s.gemm.a.is_mxfp8()) {
+  if (s.gemm.a.is_mxfp8()) {
+    launch_gemm_m_mx(s, plan, bn, stream);
+  } else {
+    switch (s.epilogue) {
+      case detail::Epilogue::glu_forward: launch<GluFwd>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream); break;
+      case detail::Epilogue::glu_backward:
+        if (wide) launch<GluBwd>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+        else launch<GluBwdNarrow>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+        break;
+      case detail::Epilogue::store:
         if (s.gemm.b_kn) {
-          if (wide) launch<MxStoreKMN>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
-          else launch<MxStoreKMNNarrow>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+          if (wide) launch<StoreKMN>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+          else launch<StoreKMNNarrow>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
         } else {
-          if (wide) launch<MxStoreKK>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
-          else launch<MxStoreKKNarrow>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+          if (wide) launch<StoreKK>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+          else launch<StoreKKNarrow>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
         }
-      } else if (s.gemm.b_kn) {
-        if (wide) launch<StoreKMN>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
-        else launch<StoreKMNNarrow>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
-      } else {
-        if (wide) launch<StoreKK>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
-        else launch<StoreKKNarrow>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
-      }
-      break;
+        break;
+    }
   }
   finish_gemm_m(s, plan, stream);
+}
+}  // namespace
+
+bool fp8_b_in_kernel() {
+  static const bool v = [] {
+    const char* e = std::getenv("MXMOE_SM90_FP8_B");
+    return e != nullptr && std::string(e) == "convert";
+  }();
+  return v;
+}
+
+// MXFP8 steps: B (the weights, e4m3) is dequantized into a transient BF16 copy that the FP8-A
+// kernels read through TMA as the BF16 kernels do (the values are exactly the dequantized ones);
+// MXFP8 outputs of the GLU epilogues (A or dC, row- and column-wise) are written in BF16 (to the
+// step's BF16 output, or a transient one) and quantized from there by the CUDA quantizer, which
+// gives the bytes a fused quantizing epilogue would (docs/numerics.md "Quantized value").
+// MXMOE_SM90_FP8_B=convert keeps B in FP8 for the store epilogue (converted in shared memory).
+void gemm_m(const detail::MGemmStep& s0, void* stream_ptr) {
+  const cudaStream_t stream = as_stream(stream_ptr);
+  const std::string why = gemm_m_refusal(s0);
+  if (!why.empty()) throw Error("cuda_sm90", why);
+  const MGroupedGemmArgs& g = s0.gemm;
+  const int64_t experts = g.offsets.experts();
+  if (experts <= 0) return;
+  const bool mx_out = s0.out_row.data.data != nullptr || s0.out_col.data.data != nullptr;
+  const bool deq_b = g.b.is_mxfp8() && !(s0.epilogue == detail::Epilogue::store && fp8_b_in_kernel());
+  const bool stage_out = mx_out && s0.out_bf16.data == nullptr;
+  if (!deq_b && !mx_out) return run_gemm_m(s0, stream);
+
+  const int64_t rows = a_rows(s0), k = a_view(s0).shape[1], n = detail::gemm_width(s0);
+  const int64_t out_cols = s0.epilogue == detail::Epilogue::glu_forward ? s0.ffn : 2 * s0.ffn;
+  const int64_t b_rows = g.b_kn ? k : n, b_cols = g.b_kn ? n : k;
+  const int64_t b_elems = experts * b_rows * b_cols;
+  Workspace tmp((deq_b ? Workspace::aligned(b_elems * 2) : 0) + (stage_out ? Workspace::aligned(rows * out_cols * 2) : 0),
+                stream);
+  detail::MGemmStep s = s0;
+  if (deq_b) {
+    uint16_t* wb = tmp.take<uint16_t>(b_elems);
+    dequantize_expert_weights(g.b, experts, b_rows, b_cols, g.b_kn ? BlockAxis::col : BlockAxis::row, wb, stream);
+    s.gemm.b = ExpertOperand{};
+    s.gemm.b.data.dense = TensorView::of(wb, DType::bf16, {experts, b_rows, b_cols}, g.b.data.dense.device);
+    s.gemm.b.data.dtype = DType::bf16;
+  }
+  if (mx_out) {
+    if (stage_out)
+      s.out_bf16 = TensorView::of(tmp.take<uint16_t>(rows * out_cols), DType::bf16, {rows, out_cols}, a_view(s0).device);
+    s.out_row = Mxfp8View{};
+    s.out_col = Mxfp8View{};
+  }
+  run_gemm_m(s, stream);
+  if (mx_out) {
+    QuantizeArgs q;
+    q.src = s.out_bf16;
+    q.groups = g.offsets;
+    q.rowwise = s0.out_row;
+    q.colwise = s0.out_col;
+    quantize(q, stream);
+  }
 }
 
 }  // namespace mxmoe::cuda::sm90

@@ -99,6 +99,10 @@ class MXMOE_API WgradState {
 struct WeightsArgs {
   ExpertMatrices w1;  // bf16 [E, 2F, H]
   ExpertMatrices w2;  // bf16 [E, H, F]
+  // Also keep BF16 copies of the dequantized weights (2 bytes per value per orientation, in bytes()),
+  // made only where cuda_sm90 serves the device: its MXFP8 GEMMs compute in BF16 and read them
+  // instead of turning the FP8 weights into a transient BF16 copy on every call. false: smallest.
+  bool bf16_copies = true;
 };
 
 // The MXFP8 copies of W1 and W2 the layer's GEMMs read (row-wise for fprop, column-wise for dgrad),

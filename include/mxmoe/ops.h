@@ -31,6 +31,10 @@ struct ExpertOperand {
   ExpertMatrices data;    // bf16 or e4m3
   ExpertMatrices scales;  // e8m0, MXFP8 only
   ScaleLayout layout = ScaleLayout::compact;
+  // Optional, MXFP8 only: bf16 [E, rows, cols] holding exactly the dequantized values (data x
+  // 2^(scale - 127), rounded to bf16), which cuda_sm90 reads instead of dequantizing B per call.
+  // prepare_weights() fills it (WeightsArgs::bf16_copies); other backends ignore it.
+  ExpertMatrices dequantized;
   bool is_mxfp8() const { return data.dtype == DType::e4m3 || data.dense.dtype == DType::e4m3; }
 };
 

@@ -286,8 +286,8 @@ WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, 
   return WgradState(std::move(w));
 }
 
-// The library memory prepare_weights allocates.
-int64_t prepare_memory(const Problem& p) {
+// The library memory prepare_weights allocates (with `copies`: the bf16 copies too).
+int64_t prepare_memory(const Problem& p, bool copies) {
   if (p.recipe != Recipe::mxfp8) return 0;
   const int64_t E = p.experts, H = p.hidden, F = p.ffn;
   const char* what = "memory";
@@ -295,8 +295,24 @@ int64_t prepare_memory(const Problem& p) {
   for (BlockAxis axis : {BlockAxis::row, BlockAxis::col}) {
     n = checked_add(n, expert_mxfp8_bytes(E, 2 * F, H, axis, what), what);  // w1
     n = checked_add(n, expert_mxfp8_bytes(E, H, F, axis, what), what);      // w2
+    if (copies) n = checked_add(n, checked_mul({E, 3 * F, H, 2}, what), what);
   }
   return n;
+}
+
+// Whether prepare_weights keeps bf16 copies of the dequantized weights: asked for, and cuda_sm90
+// (the backend that reads them) serves the device and is neither denied nor overridden by a forced
+// backend.
+bool want_bf16_copies(const Context& ctx, const Problem& p, const WeightsArgs& w, Device d) {
+  if (p.recipe != Recipe::mxfp8 || !w.bf16_copies || d.type != DeviceType::cuda) return false;
+  const Options& o = ctx.options();
+  const std::string sm90 = "cuda_sm90";
+  if (!o.backend.empty() && o.backend != sm90) return false;
+  for (const std::string& n : o.deny)
+    if (n == sm90) return false;
+  for (const BackendInfo& b : ctx.backends(d))
+    if (b.name == sm90) return b.available;
+  return false;
 }
 
 LayerStep prepare_step(LayerStep step) {
@@ -304,7 +320,7 @@ LayerStep prepare_step(LayerStep step) {
   return step;
 }
 
-PreparedWeights prepare_run(Context& ctx, const Problem& p, const WeightsArgs& w, Device d) {
+PreparedWeights prepare_run(Context& ctx, const Problem& p, const WeightsArgs& w, Device d, bool copies) {
   const Options& o = ctx.options();
   const ScaleLayout layout = o.scale_layout;
   const int64_t E = p.experts, H = p.hidden, F = p.ffn;
@@ -317,6 +333,8 @@ PreparedWeights prepare_run(Context& ctx, const Problem& p, const WeightsArgs& w
     pw->w2_row = make_expert_mxfp8(o, d, E, H, F, BlockAxis::row, layout);
     pw->w1_col = make_expert_mxfp8(o, d, E, 2 * F, H, BlockAxis::col, layout);
     pw->w2_col = make_expert_mxfp8(o, d, E, H, F, BlockAxis::col, layout);
+    if (copies)
+      for (OwnedExpertMxfp8* c : {&pw->w1_row, &pw->w2_row, &pw->w1_col, &pw->w2_col}) c->add_bf16_copy(o, d);
     PlannedSteps(ctx, {prepare_step(quantize_w1(pw->w1_row.quantize_from(w.w1))),
                        prepare_step(quantize_w2(pw->w2_row.quantize_from(w.w2))),
                        prepare_step(quantize_w1(pw->w1_col.quantize_from(w.w1))),
@@ -333,9 +351,10 @@ PreparedWeights prepare_weights(Context& ctx, const Problem& p, const WeightsArg
   using namespace detail;
   const Device d = validate_prepare_weights(p, w);
   const std::string what = "prepare_weights (" + describe(p) + ")";
-  const int64_t need = prepare_memory(p);
+  const bool copies = want_bf16_copies(ctx, p, w, d);
+  const int64_t need = prepare_memory(p, copies);
   check_capacity(d, need, ctx.options().allocator, what);
-  return with_memory_estimate(what, need, [&] { return prepare_run(ctx, p, w, d); });
+  return with_memory_estimate(what, need, [&] { return prepare_run(ctx, p, w, d, copies); });
 }
 
 SavedState forward(Context& ctx, const Problem& p, const ForwardArgs& a) {

@@ -74,6 +74,12 @@ OwnedExpertMxfp8 make_expert_mxfp8(const Options& opt, Device d, int64_t experts
   return o;
 }
 
+void OwnedExpertMxfp8::add_bf16_copy(const Options& o, Device d) {
+  deq = allocate(d, checked_mul({experts, rows, cols, 2}, "memory"), o.stream, o.allocator);
+  operand.dequantized.dense = TensorView::of(deq.ptr, DType::bf16, {experts, rows, cols}, d);
+  operand.dequantized.dtype = DType::bf16;
+}
+
 OwnedTensor borrowed(const TensorView& v) {
   OwnedTensor o;
   o.view = v;

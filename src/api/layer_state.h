@@ -33,13 +33,19 @@ OwnedMxfp8 make_mxfp8(const Options& o, Device d, int64_t rows, int64_t cols, Bl
 // Quantized copy of E weight matrices [rows, cols], scales along `axis`.
 struct OwnedExpertMxfp8 {
   Buffer data, scales;
+  Buffer deq;  // optional bf16 [E, rows, cols] of the dequantized values (operand.dequantized)
   ExpertOperand operand;
   int64_t experts = 0, rows = 0, cols = 0;
   BlockAxis axis = BlockAxis::row;
-  int64_t bytes() const { return (data.ptr ? data.bytes : 0) + (scales.ptr ? scales.bytes : 0); }
-  // The quantize_experts arguments that fill this copy from `src`.
+  int64_t bytes() const {
+    return (data.ptr ? data.bytes : 0) + (scales.ptr ? scales.bytes : 0) + (deq.ptr ? deq.bytes : 0);
+  }
+  // Allocates the bf16 copy of the dequantized values that quantize_from() then also fills.
+  void add_bf16_copy(const Options& o, Device d);
+  // The quantize_experts arguments that fill this copy (and its bf16 copy, if any) from `src`.
   QuantizeExpertsStep quantize_from(const ExpertMatrices& src) const {
-    return {src, experts, rows, cols, operand.data.dense, operand.scales.dense, axis, operand.layout};
+    return {src, experts, rows, cols, operand.data.dense, operand.scales.dense, axis, operand.layout,
+            operand.dequantized.dense};
   }
 };
 OwnedExpertMxfp8 make_expert_mxfp8(const Options& o, Device d, int64_t experts, int64_t rows, int64_t cols,

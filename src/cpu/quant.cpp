@@ -199,6 +199,29 @@ void dequantize(const DequantizeArgs& a) {
   }
 }
 
+namespace {
+// QuantizeExpertsStep::dequantized: bf16(e4m3_to_f32(q) * e8m0_to_f32(s)) of every quantized value.
+void write_dequantized(const detail::QuantizeExpertsStep& s, int64_t scale_bytes) {
+  if (s.dequantized.data == nullptr) return;
+  const int64_t rows = s.rows, cols = s.cols, elems = rows * cols;
+  const auto* data = s.data.ptr<const uint8_t>();
+  const auto* scales = s.scales.ptr<const uint8_t>();
+  auto* out = s.dequantized.ptr<uint16_t>();
+  const bool col = s.axis == BlockAxis::col;
+#pragma omp parallel for collapse(2) schedule(static) if (parallel_worth(s.experts * elems))
+  for (int64_t e = 0; e < s.experts; ++e) {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t si = col ? colwise_scale_index(0, rows, r / 32, c, cols, s.layout)
+                               : rowwise_scale_index(r, c / 32, cols, s.layout);
+        const int64_t i = e * elems + r * cols + c;
+        out[i] = bf16_from_f32(e4m3_to_f32(data[i]) * e8m0_to_f32(scales[e * scale_bytes + si]));
+      }
+    }
+  }
+}
+}  // namespace
+
 void quantize_experts(const detail::QuantizeExpertsStep& s) {
   const int64_t rows = s.rows, cols = s.cols, elems = rows * cols;
   const ExpertPtrs src = expert_ptrs(s.src, elems, sizeof(uint16_t));
@@ -221,6 +244,7 @@ void quantize_experts(const detail::QuantizeExpertsStep& s) {
                      scales + e * scale_bytes, s.layout);
       }
     }
+    write_dequantized(s, scale_bytes);
     return;
   }
 
@@ -233,6 +257,7 @@ void quantize_experts(const detail::QuantizeExpertsStep& s) {
     quantize_col_block(src.at<const uint16_t>(b.matrix), data + b.matrix * elems, cols, b,
                        scales + b.matrix * scale_bytes, s.layout);
   }
+  write_dequantized(s, scale_bytes);
 }
 
 }  // namespace mxmoe::cpu

@@ -9,6 +9,11 @@ namespace mxmoe::cuda {
 void quantize(const QuantizeArgs& a, void* stream);
 void dequantize(const DequantizeArgs& a, void* stream);
 void quantize_experts(const detail::QuantizeExpertsStep& s, void* stream);
+// E dense e4m3 matrices [rows, cols] with their scales ([E, bytes], blocks along cols for `axis` row,
+// along rows for col) -> bf16 [E, rows, cols]: bf16(e4m3_to_f32(q) * e8m0_to_f32(s)), the CPU
+// reference's dequantized value.
+void dequantize_experts(const uint8_t* data, const uint8_t* scales, int64_t experts, int64_t rows, int64_t cols,
+                        BlockAxis axis, ScaleLayout layout, uint16_t* dst, void* stream);
 
 namespace portable {
 // src/cuda/portable/: mma.sync grouped GEMMs for any GPU from sm_80.

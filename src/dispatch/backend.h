@@ -99,6 +99,7 @@ struct QuantizeExpertsStep {
   TensorView scales;  // e8m0 [E, bytes]
   BlockAxis axis = BlockAxis::row;
   ScaleLayout layout = ScaleLayout::compact;
+  TensorView dequantized;  // optional bf16 [E, rows, cols]: data x 2^(scale - 127), rounded to bf16
 };
 
 // db2_e = sum_{t in e} (scale_by_probs ? p_t : 1) * dY_t;  dprob_add_t = dY_t . b2_{e(t)} when

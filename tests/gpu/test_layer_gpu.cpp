@@ -116,6 +116,36 @@ TEST_P(GpuLayer, DensePerExpertAndDeferredWgradAreBitIdentical) {
   }
 }
 
+// prepare_weights on the device: forward and backward given the prepared copies are bit-identical
+// to the calls that quantize the weights themselves, with or without the bf16 copies of the
+// dequantized weights; those copies exist only where cuda_sm90 is the backend in use, and add 2 bytes
+// per weight value per orientation to bytes().
+TEST_P(GpuLayer, PreparedWeightsWithAndWithoutBf16CopiesAreBitIdentical) {
+  for (GluLayout g : {GluLayout::halves, GluLayout::interleave32}) {
+    Problem p = problem(256, 192, 5, Recipe::mxfp8, Activation::clamped_swiglu, g, true);
+    SCOPED_TRACE(describe(p));
+    LayerData d = make_layer_data(p, {1, 64, 0, 100, 27}, 4.0f);
+    Context gpu(prefer_backend(backend_name()));
+    const Device dev{DeviceType::cuda, 0};
+    LayerOutputs plain = run_layer(gpu, dev, d);
+    Arena m{dev, {}};
+    const ExpertMatrices w1 = m.experts(m.put(d.w1), false), w2 = m.experts(m.put(d.w2), false);
+    bool sm90_used = false;
+    for (const StepRecord& r : plain.report) sm90_used = sm90_used || r.backend == "cuda_sm90";
+    int64_t sizes[2] = {0, 0};
+    for (bool copies : {true, false}) {
+      SCOPED_TRACE(copies ? "bf16 copies" : "no bf16 copies");
+      PreparedWeights pw = prepare_weights(gpu, p, {.w1 = w1, .w2 = w2, .bf16_copies = copies});
+      sizes[copies ? 0 : 1] = pw.bytes();
+      RunConfig cfg;
+      cfg.prepared = &pw;
+      expect_bit_identical(plain, run_layer(gpu, dev, d, cfg), p, "prepared vs per call");
+    }
+    const int64_t copy_bytes = 2 * 2 * p.experts * 3 * p.ffn * p.hidden;
+    EXPECT_EQ(sizes[0] - sizes[1], sm90_used ? copy_bytes : 0);
+  }
+}
+
 TEST_P(GpuLayer, MainGradAccumulationAddsOnTheDevice) {
   Problem p = problem(256, 128, 3, Recipe::mxfp8, Activation::swiglu, GluLayout::halves, true);
   LayerData d = make_layer_data(p, {50, 0, 70});

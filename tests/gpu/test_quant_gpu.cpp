@@ -396,27 +396,45 @@ void check_quantize_experts(detail::Backend& backend, int64_t experts, int64_t r
   HostTensor data(DType::e4m3, {experts, rows, cols}), scales(DType::e8m0, {experts, per});
   data.poison(kCpuPoison);
   scales.poison(kCpuPoison);
-  detail::QuantizeExpertsStep host{{dense.view, {}, DType::bf16}, experts, rows, cols, data.view, scales.view, axis, layout};
+  HostTensor deq(DType::bf16, {experts, rows, cols});
+  deq.poison(kCpuPoison);
+  detail::QuantizeExpertsStep host{{dense.view, {}, DType::bf16}, experts, rows, cols, data.view, scales.view, axis, layout,
+                                   deq.view};
   cpu::quantize_experts(host);
   EXPECT_TRUE(any_nonzero(data));
+  // The bf16 copy (prepare_weights' copies for cuda_sm90) is each value's dequantization, written
+  // out here from the scale-index definitions.
+  int64_t wrong = 0;
+  for (int64_t e = 0; e < experts; ++e)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t i = (e * rows + r) * cols + c;
+        const int64_t s = e * per + (axis == BlockAxis::row ? rowwise_scale_index(r, c / 32, cols, layout)
+                                                            : colwise_scale_index(0, rows, r / 32, c, cols, layout));
+        const float v = e4m3_to_f32(data.ptr<uint8_t>()[i]) * e8m0_to_f32(scales.ptr<uint8_t>()[s]);
+        wrong += deq.ptr<uint16_t>()[i] != bf16_from_f32(v);
+      }
+  EXPECT_EQ(wrong, 0) << "cpu dequantized copy";
 
   for (bool per_expert : {false, true}) {
     SCOPED_TRACE(per_expert ? "pointer table" : "dense");
-    DeviceTensor d_data(data.view), d_scales(scales.view);
+    DeviceTensor d_data(data.view), d_scales(scales.view), d_deq(deq.view);
     d_data.poison(kGpuPoison);
     d_scales.poison(kGpuPoison);
+    d_deq.poison(kGpuPoison);
     ExpertMatrices src;
     if (per_expert) {
       src.pointers = d_table.view;
     } else {
       src.dense = d_dense.view;
     }
-    detail::QuantizeExpertsStep dev{src, experts, rows, cols, d_data.view, d_scales.view, axis, layout};
+    detail::QuantizeExpertsStep dev{src, experts, rows, cols, d_data.view, d_scales.view, axis, layout, d_deq.view};
     Context ctx;
     backend.quantize_experts(ctx, dev);
     cuda_ok(cudaDeviceSynchronize());
     expect_same_bytes(d_data.download(), data, "expert data");
     expect_same_bytes(d_scales.download(), scales, "expert scales");
+    expect_same_bytes(d_deq.download(), deq, "expert bf16 copy");
   }
 }
 #endif

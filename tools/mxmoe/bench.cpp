@@ -216,6 +216,14 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, DType dw_dtype, uint6
     dc_row = act(2 * F, BlockAxis::row), dc_col = act(2 * F, BlockAxis::col);
     w1_row = weights(2 * F, H, BlockAxis::row), w2_row = weights(H, F, BlockAxis::row);
     w2_col = weights(H, F, BlockAxis::col), w1_col = weights(2 * F, H, BlockAxis::col);
+    // As prepare_weights keeps them by default where cuda_sm90 serves: bf16 copies of the
+    // dequantized weights, which its GEMMs read instead of dequantizing per call.
+    bool sm90 = opt.backend.empty() || opt.backend == "cuda_sm90";
+    for (const std::string& n : opt.deny) sm90 = sm90 && n != "cuda_sm90";
+    bool sm90_here = false;
+    for (const BackendInfo& b : ctx.backends(dev)) sm90_here = sm90_here || (b.name == "cuda_sm90" && b.available);
+    if (sm90 && sm90_here)
+      for (OwnedExpertMxfp8* w : {&w1_row, &w2_row, &w2_col, &w1_col}) w->add_bf16_copy(opt, dev);
     time_step(quantize_x({fa.x, fa.offsets, x_row.view, x_col.view}));
     prepare(quantize_dy({ba.dy, fa.offsets, dy_row.view, dy_col.view}));
     for (const OwnedExpertMxfp8* q : {&w1_row, &w1_col}) prepare(quantize_w1(q->quantize_from(fa.w1)));

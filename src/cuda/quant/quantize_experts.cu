@@ -9,6 +9,72 @@
 #include "src/cuda/quant/quantize_kernel.cuh"
 
 namespace mxmoe::cuda {
+namespace {
+
+// Rows of all experts over the grid (blocks stride over the E * rows rows), kVec consecutive values
+// of a row per thread and step: index math per row, not per value.
+template <int kVec>
+__global__ void __launch_bounds__(256) dequantize_experts_kernel(const uint8_t* __restrict__ data,
+                                                                 const uint8_t* __restrict__ scales, int64_t scale_bytes,
+                                                                 int64_t rows, int64_t cols, bool colwise,
+                                                                 ScaleLayout layout, int64_t all_rows,
+                                                                 uint16_t* __restrict__ dst) {
+  const int64_t chunks = cols / kVec;
+  for (int64_t gr = blockIdx.x; gr < all_rows; gr += gridDim.x) {
+    const int64_t e = gr / rows, r = gr - e * rows;
+    const uint8_t* src = data + gr * cols;
+    uint16_t* out = dst + gr * cols;
+    const uint8_t* sc = scales + e * scale_bytes;
+    for (int64_t ch = threadIdx.x; ch < chunks; ch += blockDim.x) {
+      const int64_t c = ch * kVec;
+      uint8_t q[kVec];
+      if constexpr (kVec == 8) {
+        const uint2 raw = __ldg(reinterpret_cast<const uint2*>(src) + ch);
+        for (int j = 0; j < 4; ++j) q[j] = static_cast<uint8_t>(raw.x >> (8 * j)), q[4 + j] = static_cast<uint8_t>(raw.y >> (8 * j));
+      } else {
+        q[0] = src[c];
+      }
+      uint16_t o[kVec];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const int64_t s = colwise ? colwise_scale_index(0, rows, r / 32, c + j, cols, layout)
+                                  : rowwise_scale_index(r, (c + j) / 32, cols, layout);
+        o[j] = bf16_from_f32(e4m3_to_f32(q[j]) * e8m0_to_f32(__ldg(sc + s)));
+      }
+      if constexpr (kVec == 8) {
+        uint32_t w[4];
+        for (int j = 0; j < 4; ++j) w[j] = o[2 * j] | (static_cast<uint32_t>(o[2 * j + 1]) << 16);
+        reinterpret_cast<uint4*>(out)[ch] = make_uint4(w[0], w[1], w[2], w[3]);
+      } else {
+        out[c] = o[0];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void dequantize_experts(const uint8_t* data, const uint8_t* scales, int64_t experts, int64_t rows, int64_t cols,
+                        BlockAxis axis, ScaleLayout layout, uint16_t* dst, void* stream_ptr) {
+  const cudaStream_t stream = as_stream(stream_ptr);
+  const bool colwise = axis == BlockAxis::col;
+  const int64_t scale_bytes = colwise ? colwise_matrix_scale_bytes(rows, cols) : rowwise_scale_bytes(rows, cols);
+  const int64_t all_rows = experts * rows;
+  if (all_rows == 0 || cols == 0) return;
+  int dev = 0, sms = 0;
+  MXMOE_CUDA_CHECK(cudaGetDevice(&dev));
+  MXMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int64_t cap = 16L * sms;
+  const int blocks = static_cast<int>(all_rows < cap ? all_rows : cap);
+  const bool vec = cols % 8 == 0 && reinterpret_cast<uintptr_t>(data) % 8 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  if (vec)
+    dequantize_experts_kernel<8><<<blocks, 256, 0, stream>>>(data, scales, scale_bytes, rows, cols, colwise, layout,
+                                                             all_rows, dst);
+  else
+    dequantize_experts_kernel<1><<<blocks, 256, 0, stream>>>(data, scales, scale_bytes, rows, cols, colwise, layout,
+                                                             all_rows, dst);
+  MXMOE_CUDA_CHECK(cudaGetLastError());
+}
 
 void quantize_experts(const detail::QuantizeExpertsStep& s, void* stream_ptr) {
   using namespace quant;
@@ -39,6 +105,8 @@ void quantize_experts(const detail::QuantizeExpertsStep& s, void* stream_ptr) {
     p.col_scale_stride = colwise_matrix_scale_bytes(s.rows, s.cols);
   }
   launch_quantize(p, ceil_div(s.rows, kTileRows), s.experts, stream);
+  if (s.dequantized.data != nullptr)
+    dequantize_experts(data, scales, s.experts, s.rows, s.cols, s.axis, s.layout, s.dequantized.ptr<uint16_t>(), stream);
 }
 
 }  // namespace mxmoe::cuda

@@ -57,6 +57,12 @@ std::string gemm_m_refusal(const detail::MGemmStep& s) {
     if (!tma_aligned(g.a.mx.data.data)) return "MXFP8 A's address is not 16-byte aligned (TMA)";
     if (reinterpret_cast<uintptr_t>(g.a.mx.scales.data) % 2 != 0) return "MXFP8 A's scales are not 2-byte aligned";
     if (g.b.scales.per_expert()) return "per-expert MXFP8 weight scales: the sm90 path reads one [E, bytes] tensor";
+    if (const TensorView& c = g.b.dequantized.dense; c.data != nullptr) {
+      const TensorView& d = g.b.data.dense;
+      if (g.b.dequantized.per_expert() || c.dtype != DType::bf16 || c.rank != 3 || c.shape != d.shape)
+        return "b.dequantized must be a dense bf16 tensor of B's shape [E, rows, cols]";
+      if (!tma_aligned(c.data)) return "b.dequantized's address is not 16-byte aligned (TMA)";
+    }
     if (!tma_aligned(g.b.data.dense.data)) return "MXFP8 B's address is not 16-byte aligned (TMA)";
     const int64_t n = detail::gemm_width(s);
     if (g.b_kn && n % 16 != 0)
@@ -282,9 +288,10 @@ void gemm_m(const detail::MGemmStep& s0, void* stream_ptr) {
   const int64_t experts = g.offsets.experts();
   if (experts <= 0) return;
   const bool mx_out = s0.out_row.data.data != nullptr || s0.out_col.data.data != nullptr;
-  const bool deq_b = g.b.is_mxfp8() && !(s0.epilogue == detail::Epilogue::store && fp8_b_in_kernel());
+  const bool have_copy = g.b.is_mxfp8() && g.b.dequantized.dense.data != nullptr;
+  const bool deq_b = g.b.is_mxfp8() && !have_copy && !(s0.epilogue == detail::Epilogue::store && fp8_b_in_kernel());
   const bool stage_out = mx_out && s0.out_bf16.data == nullptr;
-  if (!deq_b && !mx_out) return run_gemm_m(s0, stream);
+  if (!deq_b && !mx_out && !have_copy) return run_gemm_m(s0, stream);
 
   const int64_t rows = a_rows(s0), k = a_view(s0).shape[1], n = detail::gemm_width(s0);
   const int64_t out_cols = s0.epilogue == detail::Epilogue::glu_forward ? s0.ffn : 2 * s0.ffn;
@@ -293,9 +300,11 @@ void gemm_m(const detail::MGemmStep& s0, void* stream_ptr) {
   Workspace tmp((deq_b ? Workspace::aligned(b_elems * 2) : 0) + (stage_out ? Workspace::aligned(rows * out_cols * 2) : 0),
                 stream);
   detail::MGemmStep s = s0;
-  if (deq_b) {
-    uint16_t* wb = tmp.take<uint16_t>(b_elems);
-    dequantize_expert_weights(g.b, experts, b_rows, b_cols, g.b_kn ? BlockAxis::col : BlockAxis::row, wb, stream);
+  if (deq_b || have_copy) {
+    uint16_t* wb = have_copy ? g.b.dequantized.dense.ptr<uint16_t>() : tmp.take<uint16_t>(b_elems);
+    if (deq_b)
+      dequantize_experts(static_cast<const uint8_t*>(g.b.data.dense.data), static_cast<const uint8_t*>(g.b.scales.dense.data),
+                         experts, b_rows, b_cols, g.b_kn ? BlockAxis::col : BlockAxis::row, g.b.layout, wb, stream);
     s.gemm.b = ExpertOperand{};
     s.gemm.b.data.dense = TensorView::of(wb, DType::bf16, {experts, b_rows, b_cols}, g.b.data.dense.device);
     s.gemm.b.data.dtype = DType::bf16;

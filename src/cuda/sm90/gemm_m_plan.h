@@ -29,11 +29,6 @@ void finish_gemm_m(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t s
 // gemm_m_mx.cu: the kernel of a planned step whose A is MXFP8: B BF16 (any epilogue) or MXFP8
 // (store epilogue, converted in shared memory).
 void launch_gemm_m_mx(const detail::MGemmStep& s, const MPlan& plan, int bn, cudaStream_t stream);
-// E dense e4m3 matrices [rows, cols] with their scales (one [E, bytes] tensor; blocks along cols for
-// `axis` row, along rows for col) -> bf16 [E, rows, cols], each value e4m3 x 2^(s - 127) rounded to
-// bf16 (exact unless below bf16's normal range), as the kernels' own dequantization.
-void dequantize_expert_weights(const ExpertOperand& b, int64_t experts, int64_t rows, int64_t cols, BlockAxis axis,
-                               uint16_t* dst, cudaStream_t stream);
 // MXMOE_SM90_FP8_B=convert: MXFP8 B of the store epilogue stays FP8 (gemm_kernel.cuh Mx::ab).
 bool fp8_b_in_kernel();
 

@@ -11,8 +11,28 @@
 namespace mxmoe::cuda {
 namespace {
 
-// Rows of all experts over the grid (blocks stride over the E * rows rows), kVec consecutive values
-// of a row per thread and step: index math per row, not per value.
+// Two e4m3 (low byte first) -> f32; NaN as e4m3_to_f32 gives it (the host reference's NaN).
+__device__ __forceinline__ void e4m3x2_f32(uint32_t two, float& lo, float& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(static_cast<uint16_t>(two)));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"(static_cast<uint16_t>(h & 0xFFFF)));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"(static_cast<uint16_t>(h >> 16)));
+  if (lo != lo) lo = e4m3_to_f32(static_cast<uint8_t>(two));
+  if (hi != hi) hi = e4m3_to_f32(static_cast<uint8_t>(two >> 8));
+#else
+  lo = e4m3_to_f32(static_cast<uint8_t>(two));
+  hi = e4m3_to_f32(static_cast<uint8_t>(two >> 8));
+#endif
+}
+// The dequantized value; NaN stays the NaN of the operand that carries it, as the host's x86
+// multiply returns it (the GPU product would be the canonical NaN).
+__device__ __forceinline__ uint16_t dequant_bf16(float v, float scale) {
+  return bf16_from_f32(v != v ? v : scale != scale ? scale : v * scale);
+}
+
+// Rows of all experts over the grid (blocks stride over the E * rows rows), 8 consecutive values of
+// a row per thread and step when cols % 8 == 0 (else 1): index math per row and chunk, not per value.
 template <int kVec>
 __global__ void __launch_bounds__(256) dequantize_experts_kernel(const uint8_t* __restrict__ data,
                                                                  const uint8_t* __restrict__ scales, int64_t scale_bytes,
@@ -20,33 +40,40 @@ __global__ void __launch_bounds__(256) dequantize_experts_kernel(const uint8_t* 
                                                                  ScaleLayout layout, int64_t all_rows,
                                                                  uint16_t* __restrict__ dst) {
   const int64_t chunks = cols / kVec;
+  const int64_t row_bytes = colwise_scale_row_bytes(cols), block_rows = colwise_group_scale_rows(rows);
   for (int64_t gr = blockIdx.x; gr < all_rows; gr += gridDim.x) {
     const int64_t e = gr / rows, r = gr - e * rows;
     const uint8_t* src = data + gr * cols;
     uint16_t* out = dst + gr * cols;
     const uint8_t* sc = scales + e * scale_bytes;
+    const int64_t jb = r / 32;
+    const uint8_t* col_base = sc + jb * row_bytes;  // column-wise, compact: the block row's scales
     for (int64_t ch = threadIdx.x; ch < chunks; ch += blockDim.x) {
       const int64_t c = ch * kVec;
-      uint8_t q[kVec];
+      float s[kVec], v[kVec];
+      if (!colwise) {
+        const float one = e8m0_to_f32(__ldg(sc + rowwise_scale_index(r, c / 32, cols, layout)));
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) s[j] = one;
+      } else if (layout == ScaleLayout::compact) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) s[j] = e8m0_to_f32(__ldg(col_base + c + j));
+      } else {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) s[j] = e8m0_to_f32(__ldg(sc + swizzled_scale_index(c + j, jb, block_rows)));
+      }
       if constexpr (kVec == 8) {
         const uint2 raw = __ldg(reinterpret_cast<const uint2*>(src) + ch);
-        for (int j = 0; j < 4; ++j) q[j] = static_cast<uint8_t>(raw.x >> (8 * j)), q[4 + j] = static_cast<uint8_t>(raw.y >> (8 * j));
-      } else {
-        q[0] = src[c];
-      }
-      uint16_t o[kVec];
+        const uint32_t w[2] = {raw.x, raw.y};
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        const int64_t s = colwise ? colwise_scale_index(0, rows, r / 32, c + j, cols, layout)
-                                  : rowwise_scale_index(r, (c + j) / 32, cols, layout);
-        o[j] = bf16_from_f32(e4m3_to_f32(q[j]) * e8m0_to_f32(__ldg(sc + s)));
-      }
-      if constexpr (kVec == 8) {
-        uint32_t w[4];
-        for (int j = 0; j < 4; ++j) w[j] = o[2 * j] | (static_cast<uint32_t>(o[2 * j + 1]) << 16);
-        reinterpret_cast<uint4*>(out)[ch] = make_uint4(w[0], w[1], w[2], w[3]);
+        for (int j = 0; j < 4; ++j) e4m3x2_f32(w[j / 2] >> (16 * (j % 2)), v[2 * j], v[2 * j + 1]);
+        uint32_t o[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          o[j] = dequant_bf16(v[2 * j], s[2 * j]) | (static_cast<uint32_t>(dequant_bf16(v[2 * j + 1], s[2 * j + 1])) << 16);
+        reinterpret_cast<uint4*>(out)[ch] = make_uint4(o[0], o[1], o[2], o[3]);
       } else {
-        out[c] = o[0];
+        out[c] = dequant_bf16(e4m3_to_f32(src[c]), s[0]);
       }
     }
   }

@@ -521,8 +521,8 @@ def build_markdown(meta, mx, peer_splits, rows):
     hdr = "| preset | split | resident (x, W, prob, dY) | torch eager peak | torch.compile peak |"
     sep = "|---|---|---|---|---|"
     if have_mx_peak:
-        hdr += " mxmoe bf16 peak | mxmoe mxfp8 peak |"
-        sep += "---|---|"
+        hdr += " mxmoe bf16 peak | mxmoe mxfp8 peak | mxmoe mxfp8 prepared peak (copies included) |"
+        sep += "---|---|---|"
     else:
         L.append("(mxmoe's JSON carries no peak-memory field; its column is left out.)")
         L.append("")
@@ -549,8 +549,8 @@ def build_markdown(meta, mx, peer_splits, rows):
         res = next((mem[v]["resident_mib"] for v in ("eager", "compile") if "resident_mib" in mem.get(v, {})), None)
         line = [k[0], k[1], f"{res:.0f}" if res is not None else "", mtxt(mem.get("eager")), mtxt(mem.get("compile"))]
         if have_mx_peak:
-            for rec in ("bf16", "mxfp8"):
-                r = by.get(k + (rec, "layer_fwd_bwd"))
+            for rec, op in (("bf16", "layer_fwd_bwd"), ("mxfp8", "layer_fwd_bwd"), ("mxfp8", "layer_fwd_bwd_prepared")):
+                r = by.get(k + (rec, op))
                 v = r.get("mxmoe_peak_mib") if r else None
                 line.append(f"{v:.0f}" if v is not None else "")
         L.append("| " + " | ".join(line) + " |")

@@ -62,6 +62,7 @@ std::unique_ptr<DevBuf> random_bf16(int64_t n, float scale, std::mt19937_64& g) 
 struct Row {
   std::string preset, split, recipe, op;
   double ms = 0, flops = 0, bytes = 0;
+  double peak_mib = -1;  // layer rows: peak device memory of one run (< 0: not measured)
 };
 
 // The token split of each (preset, split) benchmarked, for the peer script to reuse.
@@ -159,6 +160,24 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, DType dw_dtype, uint6
                  to_string(recipe), op, ms, flops / ms * 1e-9, bytes / ms * 1e-6);
   };
   const double tHF = double(T) * H * F;
+  // Peak device memory of one run of `f`, as the peer counts it: the resident inputs, weights,
+  // outputs and gradients (this function's buffers) plus the most the library held at once (the
+  // high watermark of the stream-ordered pool its allocations come from, reset first).
+  const double resident = double(x->bytes + dy->bytes + w1->bytes + w2->bytes + offsets.bytes + probs.bytes +
+                                 y.bytes + dx.bytes + dprobs.bytes + dw1.bytes + dw2.bytes);
+  auto peak_mib = [&](const std::function<void()>& f) {
+    int dev_index = 0;
+    ok(cudaGetDevice(&dev_index), "device");
+    cudaMemPool_t pool;
+    ok(cudaDeviceGetDefaultMemPool(&pool, dev_index), "mem pool");
+    ok(cudaStreamSynchronize(stream), "sync");
+    uint64_t high = 0;  // the attribute value is a cuuint64_t (64-bit unsigned)
+    ok(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high), "pool reset");
+    f();
+    ok(cudaStreamSynchronize(stream), "sync");
+    ok(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high), "pool high");
+    return (resident + double(high)) / (1024.0 * 1024.0);
+  };
 
   // Whole layer.
   const double fwd_ms = median_ms([&] { SavedState s = forward(ctx, p, fa); }, stream);
@@ -168,6 +187,10 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, DType dw_dtype, uint6
     backward(ctx, s, ba);
   }, stream);
   add("layer_fwd_bwd", fb_ms, 18 * tHF, 0);
+  rows.back().peak_mib = peak_mib([&] {
+    SavedState s = forward(ctx, p, fa);
+    backward(ctx, s, ba);
+  });
   if (recipe == Recipe::mxfp8) {
     // Weights quantized once per version (prepare_weights, timed on its own) and reused, as across
     // micro-batches or with the PyTorch module's cache; the rows above quantize them in the call.
@@ -183,6 +206,11 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, DType dw_dtype, uint6
       SavedState s = forward(ctx, p, fp);
       backward(ctx, s, bp);
     }, stream), 18 * tHF, 0);
+    // The prepared copies are in the pool's use when it is reset, so they count in the peak.
+    rows.back().peak_mib = peak_mib([&] {
+      SavedState s = forward(ctx, p, fp);
+      backward(ctx, s, bp);
+    });
   }
 
   // The layer's steps (src/api/layer_steps.h), on operands prepared once in the recipe's format,
@@ -299,6 +327,8 @@ int command_bench(const CliOptions& o) {
                            {"ms", rounded(r.ms, 1e5)},
                            {"tflops", rounded(r.flops / r.ms * 1e-9, 1e3)},
                            {"gbps", rounded(r.bytes / r.ms * 1e-6, 1e1)}});
+    for (size_t i = 0; i < rows.size(); ++i)
+      if (rows[i].peak_mib >= 0) j["rows"][i]["peak_mib"] = rounded(rows[i].peak_mib, 10);
     j["splits"] = json::array();
     for (const SplitRecord& r : splits)
       j["splits"].push_back({{"preset", r.preset},

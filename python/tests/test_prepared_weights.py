@@ -123,7 +123,10 @@ def test_prepare_op_bytes_and_layer_ops_with_it(device):
     # comparison for an opaque object (and the module never traces this op).
     torch.library.opcheck(ops.grouped_mlp_prepare_weights.default, (d.w1, d.w2, *cfg),
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
-    assert pw.bytes() == expected_bytes(4, 128, 96)
+    # Where cuda_sm90 serves the device (a Hopper build), the object also keeps BF16 copies of the
+    # dequantized weights, 2 bytes per value per orientation (WeightsArgs::bf16_copies).
+    copies = 2 * 2 * 4 * 3 * 96 * 128
+    assert pw.bytes() - expected_bytes(4, 128, 96) in ((0, copies) if device == "cuda" else (0,))
     assert torch.device(pw.device()) == d.w1.device
     y0, saved0 = ops.grouped_mlp_forward(*d.inputs(), *cfg)
     y1, saved1 = ops.grouped_mlp_forward(*d.inputs(), *cfg, pw)

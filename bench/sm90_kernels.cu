@@ -5,9 +5,17 @@
 // them). It answers "where does the time go" questions in one GPU call; the layer-level comparison
 // with the peers is `mxmoe bench` + bench/peer_torch.py.
 // Build: cmake -DMXMOE_BUILD_KERNEL_BENCH=ON ... ; Run: <build>/mxmoe_sm90_kernels [dsv3|qwen3-30b|gptoss-120b|mixtral] [skew]
+// Environment knobs (to find out why `mxmoe bench` times the same kernels slower than this):
+//   MXMOE_KB_DATA=bench   operands drawn as `mxmoe bench` draws them (uniform, weights scaled by
+//                         1/sqrt(fan-in)) instead of hashed values in +-1.7
+//   MXMOE_KB_POOL=1       buffers from the stream-ordered pool (cudaMallocAsync), as the library's
+//   MXMOE_KB_LAYER_ONLY=1 only the layer's configuration of each GEMM (no variants)
+//   MXMOE_KB_ITERS=N      timed runs per variant (default 10)
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -41,20 +49,37 @@ constexpr Shape kPresets[] = {{"dsv3", 7168, 2048, 32, 32768},
                               {"gptoss-120b", 2880, 2880, 32, 32768},
                               {"mixtral", 4096, 14336, 8, 16384}};
 
-__global__ void fill_bf16(uint16_t* p, size_t n, float scale, uint32_t seed) {
+// Hashed values: (h / 65536 - 0.5) * span * scale, 16 bits of the hash.
+__global__ void fill_bf16(uint16_t* p, size_t n, float span, float scale, uint32_t seed) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
     h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
-    p[i] = bf16_from_f32((static_cast<float>(h & 0xFFFF) / 65536.0f - 0.5f) * 3.4f * scale);
+    p[i] = bf16_from_f32((static_cast<float>(h & 0xFFFF) / 65536.0f - 0.5f) * span * scale);
   }
 }
+
+bool env_on(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != 0 && std::strcmp(v, "0") != 0;
+}
+const bool g_pool = env_on("MXMOE_KB_POOL");
+const bool g_layer_only = env_on("MXMOE_KB_LAYER_ONLY");
+const bool g_bench_data = std::getenv("MXMOE_KB_DATA") && std::strcmp(std::getenv("MXMOE_KB_DATA"), "bench") == 0;
+const int g_iters = std::getenv("MXMOE_KB_ITERS") ? std::atoi(std::getenv("MXMOE_KB_ITERS")) : 10;
 
 struct Buf {
   void* p = nullptr;
   size_t bytes = 0;
-  explicit Buf(size_t n) : bytes(n) { BENCH_CHECK(cudaMalloc(&p, n + 256)); }
-  ~Buf() { cudaFree(p); }
+  explicit Buf(size_t n) : bytes(n) {
+    if (g_pool) {
+      BENCH_CHECK(cudaMallocAsync(&p, n + 256, nullptr));
+      BENCH_CHECK(cudaStreamSynchronize(nullptr));
+    } else {
+      BENCH_CHECK(cudaMalloc(&p, n + 256));
+    }
+  }
+  ~Buf() { g_pool ? cudaFreeAsync(p, nullptr) : cudaFree(p); }
   Buf(const Buf&) = delete;
   Buf& operator=(const Buf&) = delete;
 };
@@ -63,7 +88,7 @@ TensorView tv(const Buf& b, DType t, std::initializer_list<int64_t> shape) {
   return TensorView::of(b.p, t, shape, Device{DeviceType::cuda, 0});
 }
 
-float median_ms(const std::function<void()>& f, int iters = 10) {
+float median_ms(const std::function<void()>& f, int iters = g_iters) {
   f();
   BENCH_CHECK(cudaDeviceSynchronize());
   cudaEvent_t a, b;
@@ -105,6 +130,7 @@ std::vector<Row> rows;
 // reference) byte for byte.
 void measure(const std::string& gemm, const std::string& variant, double flops, const Buf& out,
              std::vector<uint8_t>& reference, const std::function<void()>& run) {
+  if (g_layer_only && variant.rfind("layer:", 0) != 0) return;
   BENCH_CHECK(cudaMemset(out.p, 0xFF, out.bytes));
   run();
   BENCH_CHECK(cudaDeviceSynchronize());
@@ -165,8 +191,15 @@ int run(const Shape& sh, bool skew) {
       dw1(E * 2 * F * H * 4), dw2(E * H * F * 4), c_store(T * 2 * F * 2), da(T * F * 2);
   BENCH_CHECK(cudaMemcpy(offsets.p, offs.data(), offs.size() * 4, cudaMemcpyHostToDevice));
   uint32_t seed = 1;
+  // bench data: uniform in [-1, 1], weights in [-1, 1] / sqrt(fan-in) (W1: H, W2: F), as mxmoe bench
+  const float w1_scale = g_bench_data ? 1.0f / std::sqrt(float(H)) : 1.0f;
+  const float w2_scale = g_bench_data ? 1.0f / std::sqrt(float(F)) : 1.0f;
+  const float span = g_bench_data ? 2.0f : 3.4f;
   for (Buf* b : {&x, &w1, &w2, &dy, &a, &c})
-    fill_bf16<<<1024, 256>>>(static_cast<uint16_t*>(b->p), b->bytes / 2, 1.0f, seed++);
+    fill_bf16<<<1024, 256>>>(static_cast<uint16_t*>(b->p), b->bytes / 2, span,
+                             b == &w1 ? w1_scale : b == &w2 ? w2_scale : 1.0f, seed++);
+  std::printf("data: %s, buffers: %s, %d timed runs\n", g_bench_data ? "as mxmoe bench (uniform, W / sqrt(fan-in))" : "hashed +-1.7",
+              g_pool ? "cudaMallocAsync pool" : "cudaMalloc", g_iters);
   std::vector<float> p(T);
   for (int64_t t = 0; t < T; ++t) p[t] = 0.25f + 0.5f * static_cast<float>(t % 7) / 7.0f;
   BENCH_CHECK(cudaMemcpy(probs.p, p.data(), T * 4, cudaMemcpyHostToDevice));

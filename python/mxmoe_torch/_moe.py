@@ -188,6 +188,11 @@ class MoE(nn.Module):
             raise ValueError(_error(f"x must have shape [..., hidden={self.hidden}], got {tuple(x.shape)}"))
         check_devices("MoE.forward", ("x", x), ("router.weight", self.router.weight),
                       ("w1", self.grouped_mlp.w1))
+        # Drop the last call's loss first: it holds that call's autograd graph, whose AccumulateGrad
+        # nodes (router.weight's) autograd would otherwise reuse, bound to the stream they were made
+        # on; under CUDA-graph capture that stream is not the capturing one and the backward fails
+        # ("operation would make the legacy stream depend on a capturing blocking stream").
+        self.aux_loss = None
         shape = x.shape
         x2d = x.reshape(-1, self.hidden)
         T, E = x2d.shape[0], self.experts

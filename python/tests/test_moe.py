@@ -470,8 +470,12 @@ def test_cuda_torch_compile_inductor(recipe):
                 skip_without_cuda_permute(e)
             grads = torch.autograd.grad((y * dy.cuda()).sum() + aux, [xi] + params)
             results.append((y, aux) + grads)
+        # Inductor fuses the fp32 router (linear, softmax, top-k, the aux loss) with its own
+        # summation order, so a probability can differ from eager in its last fp32 bit and move a
+        # bf16 rounding of p * act (seen on the H200: 2.4e-5 on bf16 y). Wrong routing or a
+        # missing gradient term is off by 1e-2 and more.
         for eager, traced in zip(*results):
-            assert rel_error(traced, eager) < 1e-5
+            assert rel_error(traced, eager) < 1e-3
 
 
 @pytest.mark.skipif(not CUDA, reason="no CUDA device")

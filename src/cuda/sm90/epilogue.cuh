@@ -114,11 +114,12 @@ struct ChunkWalk {
 // Copies the stage out (all 128 threads of the warp group, wtid = 0..127), 16-byte chunks where the
 // destination allows (the base, row pitch and group stride 16-byte aligned and the chunk inside
 // valid_bytes), 4-byte words otherwise. Ends with the warp group's barrier (the stage is free again).
-template <int kRow = kOutRowBytes>
+// kUnroll: rows in flight per thread (glu_backward, whose copies are on the critical path: 4).
+template <int kRow = kOutRowBytes, int kUnroll = 1>
 __device__ __forceinline__ void copy_out(Stage st, const OutBlock& o, int wtid, int cw) {
   wg_sync(cw);  // the stage is complete
   const ChunkWalk<kRow> w(o, wtid);
-#pragma unroll 1
+#pragma unroll kUnroll
   for (int r = w.r0; r < o.rows; r += w.kStep) {
     uint4 v;
     asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
@@ -142,10 +143,10 @@ __device__ __forceinline__ void copy_out(Stage st, const OutBlock& o, int wtid, 
 // fly), 4-byte loads where the source does not allow them. Chunks it skips (rows >= rows, bytes
 // past valid_bytes) keep stale values, which the caller masks. copy_in_start only issues;
 // copy_in_finish waits for this thread's copies and the warp group's barrier (the stage complete).
-template <int kRow = kOutRowBytes>
+template <int kRow = kOutRowBytes, int kUnroll = 1>
 __device__ __forceinline__ void copy_in_start(Stage st, const OutBlock& o, int wtid) {
   const ChunkWalk<kRow> w(o, wtid);
-#pragma unroll 1
+#pragma unroll kUnroll
   for (int r = w.r0; r < o.rows; r += w.kStep) {
     const char* src = o.base + r * o.ld + w.col;
     if (w.vec && w.in_group + 16 <= o.valid_bytes) {
@@ -160,8 +161,10 @@ __device__ __forceinline__ void copy_in_start(Stage st, const OutBlock& o, int w
   }
   asm volatile("cp.async.commit_group;" ::: "memory");
 }
+// kPending: this thread's copy groups that may still fly (the later ones).
+template <int kPending = 0>
 __device__ __forceinline__ void copy_in_finish(int cw) {
-  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
   wg_sync(cw);
 }
 
@@ -363,35 +366,45 @@ __device__ __forceinline__ void epilogue_glu_forward(const KernelParams& p, cons
   }
 }
 
-// FC2 dgrad: g = acc = dA for features n0..n0+BN-1. Per pass of 128 features: the saved C (bf16)
-// is staged (pass 0's copy was started with the tile's mainloop, glu_backward_prefetch), dC replaces
-// it in place (each thread rewrites the words it read) and is copied out;
+// FC2 dgrad: g = acc = dA for features n0..n0+BN-1, in passes of 64 features. Per pass q the
+// saved C (bf16: a and b of the pass's features) is staged in buffer q % 2 of the warp group: the
+// copies of passes 0 and 1 start with the tile's mainloop (glu_backward_prefetch), and pass q + 2's
+// as soon as pass q's dC has left buffer q % 2, so it flies during pass q + 1. dC replaces C in
+// place (each thread rewrites the words it read) and is copied out;
 //   dprob partial (sum over the tile's features of g * act) -> ws_dprob[n_tile, t];
 //   db1 partial (sum over the tile's rows of fp32 dC) -> ws_db1[m_tile, column].
 // Both partials use a fixed order (row pairs, quad shuffles; lane-bit shuffles, then warps by index).
-// col_sums: 8 warps x 256 floats (a then b of the pass's 128 features).
+// The values are computed for every fragment position, valid or not (no branch per value: the
+// branches around each pair kept ptxas from interleaving independent pairs, and the epilogue was
+// latency bound, ncu stall_wait); positions outside the group's rows or past F read stale stage
+// words and are kept out of the partials by selects and out of memory by copy_out.
+// col_sums: 8 warps x 128 floats (a then b of the pass's 64 features).
 __device__ __forceinline__ OutBlock glu_backward_c_block(const KernelParams& p, const Tile& t, int cw, int64_t fq) {
   const int64_t row_first = t.row0 + 64 * cw;
   char* c_rows = const_cast<char*>(reinterpret_cast<const char*>(p.c_in + row_first * 2 * p.ffn));
   return glu_pass_block<kGluBwdPass>(c_rows, fq, p.ffn, stage_rows(row_first, t.row_end), p.glu_layout);
 }
+inline constexpr int kGluBwdCopyUnroll = 4;
 template <int BN>
 __device__ __forceinline__ void glu_backward_prefetch(const KernelParams& p, const Tile& t, int cw, int ctid, Stage st) {
-  copy_in_start<kGluBwdRow>(st, glu_backward_c_block(p, t, cw, static_cast<int64_t>(t.n_tile) * BN), ctid % 128);
+  const int64_t n0 = static_cast<int64_t>(t.n_tile) * BN;
+#pragma unroll
+  for (int q = 0; q < kGluBwdBufs && q < BN / kGluBwdPass; ++q)
+    copy_in_start<kGluBwdRow, kGluBwdCopyUnroll>(st + q * kGluBwdBufBytes,
+                                                 glu_backward_c_block(p, t, cw, n0 + q * kGluBwdPass), ctid % 128);
 }
 
-template <int BN, Activation kAct>
+template <int BN, Activation kAct, bool kDb1>
 __device__ __forceinline__ void epilogue_glu_backward_impl(const KernelParams& p, const Tile& t, int cw, int ctid,
-                                                           const float (&acc)[BN / 2], float* col_sums, Stage st) {
-  static_assert(BN % kGluBwdPass == 0, "whole passes");
-  constexpr int kPassJ = kGluBwdPass / 8, kRow = kGluBwdRow;
+                                                           const float (&acc)[BN / 2], float* col_sums, Stage st0) {
+  static_assert(BN % kGluBwdPass == 0 && BN / kGluBwdPass >= kGluBwdBufs, "whole passes, both buffers used");
+  constexpr int kPasses = BN / kGluBwdPass, kPassJ = kGluBwdPass / 8, kRow = kGluBwdRow;
   const Frag fr{(ctid % 128) / 32, ctid % 32};
   const int64_t F = p.ffn, C = 2 * F;
   const int64_t n0 = static_cast<int64_t>(t.n_tile) * BN;
   const int64_t row_first = t.row0 + 64 * cw;
   const int rows = stage_rows(row_first, t.row_end);
   const GluPassCols<kGluBwdPass> pc(p.glu_layout, fr.lane);
-  const bool want_db1 = p.ws_db1 != nullptr;
   const int gw = cw * 4 + fr.warp;  // consumer warp 0..7 (row order)
   bool live[2];
   float prob[2], row_sum[2] = {0.0f, 0.0f};
@@ -402,10 +415,12 @@ __device__ __forceinline__ void epilogue_glu_backward_impl(const KernelParams& p
   }
   char* dc_rows = reinterpret_cast<char*>(p.out_bf16 + row_first * C);
 #pragma unroll
-  for (int q = 0; q < BN / kGluBwdPass; ++q) {
+  for (int q = 0; q < kPasses; ++q) {
     const int64_t fq = n0 + q * kGluBwdPass;
-    if (q > 0) copy_in_start<kRow>(st, glu_backward_c_block(p, t, cw, fq), ctid % 128);
-    copy_in_finish(cw);
+    const Stage st = st0 + (q % kGluBwdBufs) * kGluBwdBufBytes;
+    // In flight: pass q's copy and, except in the last pass, pass q + 1's.
+    if (q + 1 < kPasses) copy_in_finish<1>(cw);
+    else copy_in_finish<0>(cw);
 #pragma unroll
     for (int jj = 0; jj < kPassJ; ++jj) {
       const int j = q * kPassJ + jj;
@@ -413,17 +428,21 @@ __device__ __forceinline__ void epilogue_glu_backward_impl(const KernelParams& p
       float sa[2] = {0.0f, 0.0f}, sb[2] = {0.0f, 0.0f};       // (i): this thread's two rows
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        if (!(in && live[h])) continue;
+        const bool ok = in && live[h];
         const uint32_t av = stage_word<kRow>(st, fr.row(h), pc.a(jj)), bv = stage_word<kRow>(st, fr.row(h), pc.b(jj));
         const float g0 = acc[4 * j + 2 * h], g1 = acc[4 * j + 2 * h + 1];
         const GluGrad r0 = glu_backward<kAct>(bf16_lo(av), bf16_lo(bv), g0, prob[h], p.glu);
         const GluGrad r1 = glu_backward<kAct>(bf16_hi(av), bf16_hi(bv), g1, prob[h], p.glu);
-        row_sum[h] += g0 * r0.act + g1 * r1.act;
-        sa[0] += r0.da, sa[1] += r1.da, sb[0] += r0.db, sb[1] += r1.db;
+        const float rs = g0 * r0.act + g1 * r1.act;
+        row_sum[h] += ok ? rs : 0.0f;
+        if constexpr (kDb1) {
+          sa[0] += ok ? r0.da : 0.0f, sa[1] += ok ? r1.da : 0.0f;
+          sb[0] += ok ? r0.db : 0.0f, sb[1] += ok ? r1.db : 0.0f;
+        }
         stage_word<kRow>(st, fr.row(h), pc.a(jj), pack_bf16x2(r0.da, r1.da));
         stage_word<kRow>(st, fr.row(h), pc.b(jj), pack_bf16x2(r0.db, r1.db));
       }
-      if (want_db1) {
+      if constexpr (kDb1) {
         // Column sums over the warp's 16 rows (lane bits 2-4), in a fixed order.
 #pragma unroll
         for (int i = 0; i < 2; ++i)
@@ -440,11 +459,15 @@ __device__ __forceinline__ void epilogue_glu_backward_impl(const KernelParams& p
         }
       }
     }
-    copy_out<kRow>(st, glu_pass_block<kGluBwdPass>(dc_rows, fq, F, rows, p.glu_layout), ctid % 128, cw);
-    if (want_db1) {
+    copy_out<kRow, kGluBwdCopyUnroll>(st, glu_pass_block<kGluBwdPass>(dc_rows, fq, F, rows, p.glu_layout), ctid % 128,
+                                      cw);
+    if (q + kGluBwdBufs < kPasses)  // this buffer is free again: the saved C of pass q + 2
+      copy_in_start<kRow, kGluBwdCopyUnroll>(st, glu_backward_c_block(p, t, cw, fq + kGluBwdBufs * kGluBwdPass),
+                                             ctid % 128);
+    if constexpr (kDb1) {
       named_barrier_sync(2, kConsumerThreads);  // every warp's sums are in
-      {
-        const int half = ctid / kGluBwdPass, c = ctid % kGluBwdPass;  // 256 threads: a, b of 128 features
+      if (ctid < 2 * kGluBwdPass) {
+        const int half = ctid / kGluBwdPass, c = ctid % kGluBwdPass;  // a, b of 64 features
         const int64_t f = fq + c;
         if (f < F) {
           float sum = 0.0f;
@@ -470,10 +493,15 @@ __device__ __forceinline__ void epilogue_glu_backward_impl(const KernelParams& p
 template <int BN>
 __device__ __forceinline__ void epilogue_glu_backward(const KernelParams& p, const Tile& t, int cw, int ctid,
                                                       const float (&acc)[BN / 2], float* col_sums, Stage st) {
-  if (p.glu.activation == Activation::swiglu)
-    epilogue_glu_backward_impl<BN, Activation::swiglu>(p, t, cw, ctid, acc, col_sums, st);
-  else
-    epilogue_glu_backward_impl<BN, Activation::clamped_swiglu>(p, t, cw, ctid, acc, col_sums, st);
+  constexpr Activation kSwiglu = Activation::swiglu, kClamped = Activation::clamped_swiglu;
+  const bool db1 = p.ws_db1 != nullptr;
+  if (p.glu.activation == kSwiglu) {
+    if (db1) epilogue_glu_backward_impl<BN, kSwiglu, true>(p, t, cw, ctid, acc, col_sums, st);
+    else epilogue_glu_backward_impl<BN, kSwiglu, false>(p, t, cw, ctid, acc, col_sums, st);
+  } else {
+    if (db1) epilogue_glu_backward_impl<BN, kClamped, true>(p, t, cw, ctid, acc, col_sums, st);
+    else epilogue_glu_backward_impl<BN, kClamped, false>(p, t, cw, ctid, acc, col_sums, st);
+  }
 }
 
 // epi: the epilogue's shared memory (Cfg::kEpiBytes): the two warp groups' stages, then

@@ -29,15 +29,18 @@ inline constexpr int kBoxBytes = 64 * 64 * 2;  // one [64][64] bf16 box = 8 swiz
 inline constexpr int kThreads = 384;
 inline constexpr int kConsumerThreads = 256;
 inline constexpr int kSmemLimit = 227 * 1024;
-// Epilogue staging (epilogue.cuh): per consumer warp group 64 rows x 256 bytes; glu_backward: 64 rows
-// x 512 bytes (a and b of 128 features) per warp group, then the db1 column partials of the 8
-// consumer warps for one such pass.
+// Epilogue staging (epilogue.cuh): per consumer warp group 64 rows x 256 bytes; glu_backward: two
+// such buffers per warp group (a and b of 64 features each: one pass computes in one while the
+// saved C of the next pass but one arrives in the other), then the db1 column partials of the 8
+// consumer warps for one pass.
 inline constexpr int kOutRowBytes = 256;
 inline constexpr int kOutStageBytes = 64 * kOutRowBytes;
-inline constexpr int kGluFwdPass = 64;   // features per C pass of the forward (256-byte rows)
-inline constexpr int kGluBwdPass = 128;  // features per pass of the backward (512-byte rows)
+inline constexpr int kGluFwdPass = 64;  // features per C pass of the forward (256-byte rows)
+inline constexpr int kGluBwdPass = 64;  // features per pass of the backward (256-byte rows)
 inline constexpr int kGluBwdRow = 4 * kGluBwdPass;
-inline constexpr int kGluBwdStageBytes = 64 * kGluBwdRow;
+inline constexpr int kGluBwdBufs = 2;
+inline constexpr int kGluBwdBufBytes = 64 * kGluBwdRow;
+inline constexpr int kGluBwdStageBytes = kGluBwdBufs * kGluBwdBufBytes;
 inline constexpr int kGluBwdEpiBytes = 2 * kGluBwdStageBytes + 8 * 2 * kGluBwdPass * 4;
 
 // Mx (m-grouped, MXFP8 A): A (e4m3 tokens [T, K], row-wise E8M0 scales, K-major) arrives by TMA

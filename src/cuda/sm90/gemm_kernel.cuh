@@ -579,7 +579,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], Cfg::kMx ? 1 + kLoaderThreads : 1);  // the TMA producer (and the MXFP8 scale loaders)
-      mbar_init(&empty[s], 2 * kCluster);  // one arrival per consumer warp group of the pair
+      // BF16: one arrival per consumer warp group of the pair (wgmma read the stage; wgmma.wait_group
+      // retired it for the whole warp group). MXFP8: one per consumer warp (each warp read A and
+      // the scales with ordinary loads, which only its own arrival orders before the refill).
+      mbar_init(&empty[s], (Cfg::kMx ? 8 : 2) * kCluster);
     }
     fence_barrier_init();
     tma_prefetch_desc(&tma_a);
@@ -643,6 +646,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     // `zeroed`: this CTA wrote the stage with ordinary stores (k-grouped tail), which the peer's
     // multicast must not overtake: release at cluster scope then.
     auto release = [&](int s, bool zeroed) {
+      if constexpr (Cfg::kMx) {
+        // Every lane's loads of the stage (FP8 A fragments, scales) before the warp's arrival
+        // (compute-sanitizer racecheck flagged the scale loaders' refill against lanes that had
+        // not arrived themselves).
+        __syncwarp();
+        const int wl = ctid % 32;
+        if (wl < kCluster) {
+          if constexpr (kCluster == 1) mbar_arrive(&empty[s]);
+          else mbar_arrive_cluster(&empty[s], static_cast<uint32_t>(wl));
+        }
+        return;
+      }
       const int lane = ctid % 128;
       if constexpr (kCluster == 1) {
         if (lane == 0) mbar_arrive(&empty[s]);

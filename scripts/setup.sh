@@ -22,7 +22,26 @@ fi
 # CUTLASS/CuTe headers for the Hopper backend, where there is a CUDA compiler to use them.
 if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then scripts/install_cutlass.sh; fi
 
+# PyTorch and pytest for the torch extension and python/tests (the Torch.PytestSuite test): the
+# pinned python/requirements-test.txt in a virtual environment of the checkout (.venv, about 5 GB,
+# two minutes here), unless the python3 on PATH already imports both. MXMOE_NO_TORCH=1 skips it
+# (then the extension and its tests are left out, and configure says so).
+cmake_args=(${MXMOE_CMAKE_ARGS:-})
+if [ -z "${MXMOE_NO_TORCH:-}" ]; then
+  if python3 -c "import torch, pytest" >/dev/null 2>&1; then
+    py=$(command -v python3)
+  else
+    [ -x .venv/bin/python ] || python3 -m venv .venv
+    if ! .venv/bin/python -m pip install -q --disable-pip-version-check -r python/requirements-test.txt; then
+      echo "setup: installing python/requirements-test.txt into .venv failed (MXMOE_NO_TORCH=1 skips it)" >&2
+      exit 1
+    fi
+    py=$PWD/.venv/bin/python
+  fi
+  cmake_args+=("-DPython3_EXECUTABLE=$py" -DMXMOE_BUILD_TORCH=ON -DMXMOE_REQUIRE_TORCH=ON)
+fi
+
 BUILD_DIR=${BUILD_DIR:-build}
 jobs=$(nproc 2>/dev/null || echo 2)
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release ${MXMOE_CMAKE_ARGS:-} >/dev/null
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release "${cmake_args[@]}" >/dev/null
 cmake --build "$BUILD_DIR" -j"$jobs"

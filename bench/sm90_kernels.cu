@@ -9,7 +9,8 @@
 //   MXMOE_KB_DATA=bench   operands drawn as `mxmoe bench` draws them (uniform, weights scaled by
 //                         1/sqrt(fan-in)) instead of hashed values in +-1.7
 //   MXMOE_KB_POOL=1       buffers from the stream-ordered pool (cudaMallocAsync), as the library's
-//   MXMOE_KB_LAYER_ONLY=1 only the layer's configuration of each GEMM (no variants)
+//   MXMOE_KB_LAYER_ONLY=1 only the layer's configuration of each GEMM (no variants; "ew" keeps the
+//                         epilogue-warp variants of FC2 dgrad too)
 //   MXMOE_KB_ITERS=N      timed runs per variant (default 10)
 #include <cuda_runtime.h>
 
@@ -65,6 +66,7 @@ bool env_on(const char* name) {
 }
 const bool g_pool = env_on("MXMOE_KB_POOL");
 const bool g_layer_only = env_on("MXMOE_KB_LAYER_ONLY");
+const bool g_layer_only_ew = std::getenv("MXMOE_KB_LAYER_ONLY") && std::strcmp(std::getenv("MXMOE_KB_LAYER_ONLY"), "ew") == 0;
 const bool g_bench_data = std::getenv("MXMOE_KB_DATA") && std::strcmp(std::getenv("MXMOE_KB_DATA"), "bench") == 0;
 const int g_iters = std::getenv("MXMOE_KB_ITERS") ? std::atoi(std::getenv("MXMOE_KB_ITERS")) : 10;
 
@@ -130,7 +132,8 @@ std::vector<Row> rows;
 // reference) byte for byte.
 void measure(const std::string& gemm, const std::string& variant, double flops, const Buf& out,
              std::vector<uint8_t>& reference, const std::function<void()>& run) {
-  if (g_layer_only && variant.rfind("layer:", 0) != 0) return;
+  if (g_layer_only && variant.rfind("layer:", 0) != 0 && !(g_layer_only_ew && variant.find("BN192") != std::string::npos))
+    return;
   BENCH_CHECK(cudaMemset(out.p, 0xFF, out.bytes));
   run();
   BENCH_CHECK(cudaDeviceSynchronize());
@@ -248,6 +251,11 @@ int run(const Shape& sh, bool skew) {
   measure("fc2_dgrad", "layer: glu_backward BN256", 2 * thf, dc, ref, m_runner<KernelConfig<256, M::k, M::mn, G::m, Epi::glu_backward, 2>>(d2.gemm_m()));
   measure("fc2_dgrad", "glu_backward BN256, single CTAs", 2 * thf, dc, ref, m_runner<KernelConfig<256, M::k, M::mn, G::m, Epi::glu_backward>>(d2.gemm_m()));
   measure("fc2_dgrad", "glu_backward BN128", 2 * thf, dc, ref, m_runner<KernelConfig<128, M::k, M::mn, G::m, Epi::glu_backward>>(d2.gemm_m()));
+  // The epilogue handed to warps 1-3 of the producer warp group (Epi::glu_backward_ew), and the
+  // in-line epilogue at the same tile width, which separates the width from the hand-off.
+  measure("fc2_dgrad", "glu_backward BN192 pairs", 2 * thf, dc, ref, m_runner<KernelConfig<192, M::k, M::mn, G::m, Epi::glu_backward, 2>>(d2.gemm_m()));
+  measure("fc2_dgrad", "epilogue warps BN192 pairs", 2 * thf, dc, ref, m_runner<KernelConfig<192, M::k, M::mn, G::m, Epi::glu_backward_ew, 2>>(d2.gemm_m()));
+  measure("fc2_dgrad", "epilogue warps BN128 pairs", 2 * thf, dc, ref, m_runner<KernelConfig<128, M::k, M::mn, G::m, Epi::glu_backward_ew, 2>>(d2.gemm_m()));
   ref.clear();
   measure("fc2_dgrad", "plain store of dA, BN128", 2 * thf, da, ref, m_runner<KernelConfig<128, M::k, M::mn, G::m, Epi::store>>(d2_store));
   measure("fc2_dgrad", "plain store of dA, BN256", 2 * thf, da, ref, m_runner<KernelConfig<256, M::k, M::mn, G::m, Epi::store>>(d2_store));

@@ -504,6 +504,143 @@ __device__ __forceinline__ void epilogue_glu_backward(const KernelParams& p, con
   }
 }
 
+// ---- Epilogue warps (Epi::glu_backward_ew) ---------------------------------------------------
+// The consumers hand their fp32 accumulators over through shared memory and start the next tile's
+// mainloop; warps 1-3 of the producer warp group run the GLU backward of the handed-off tile
+// meanwhile (ncu, bench/results/2026-12-02-h200-sm90-s7.md: the epilogue left the tensor pipe idle for
+// 19% of the kernel on dsv3, 32% on gptoss-120b). Hand-off tile: fp32 [128 rows][BN], rows of 4 BN
+// bytes, 16-byte chunks XOR-swizzled by row % 8 (the fragment writes, 8 rows x 2 chunks per
+// instruction, and the row reads are conflict-free). Epilogue warp w takes rows w, w + 3, ...; lane
+// g takes features 8g..8g+7 of the tile (16-byte loads of a and b from the saved C, 16-byte stores of
+// dC); the dprob partial of a row is a fixed-order butterfly over the warp, the db1 partials are per
+// lane over the warp's rows, then the 3 warps' in warp order.
+inline constexpr uint32_t kEwBarrier = 7;  // named barrier of the 96 epilogue-warp threads
+template <int BN>
+__device__ __forceinline__ uint32_t hand_off_offset(int r, int c) {
+  static_assert(BN % 32 == 0, "whole groups of 8 swizzled chunks per row");
+  const int b = 4 * c;
+  return static_cast<uint32_t>(r * 4 * BN + (((b >> 4) ^ (r & 7)) << 4) + (b & 15));
+}
+template <int BN>
+__device__ __forceinline__ void hand_off_tile(int cw, int ctid, const float (&acc)[BN / 2], uint8_t* epi) {
+  const Frag fr{(ctid % 128) / 32, ctid % 32};
+  const Stage st = stage_of(epi);
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t a = st + hand_off_offset<BN>(64 * cw + fr.row(h), 8 * j + 2 * (fr.lane % 4));
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(a), "f"(acc[4 * j + 2 * h]), "f"(acc[4 * j + 2 * h + 1])
+                   : "memory");
+    }
+}
+
+template <int BN, Activation kAct, bool kDb1>
+__device__ __forceinline__ void epilogue_warps_impl(const KernelParams& p, const Tile& t, int ew, int lane, uint8_t* epi) {
+  constexpr int kGroups = BN / 8;
+  static_assert(kGroups <= 32, "one lane per 8-feature group");
+  const Stage st = stage_of(epi);
+  float* db1_part = reinterpret_cast<float*>(epi + kBlockM * BN * 4);  // [kEwWarps][2][BN]
+  const int64_t F = p.ffn, C = 2 * F;
+  const int64_t n0 = static_cast<int64_t>(t.n_tile) * BN;
+  const int64_t f = n0 + 8 * lane;
+  const bool in = lane < kGroups && f < F;  // F % 8 == 0 (gemm_m_refusal: N % 8)
+  const int rows = static_cast<int>(t.row_end - t.row0 < kBlockM ? t.row_end - t.row0 : kBlockM);
+  const int64_t acol = in ? glu_a_col(f, F, p.glu_layout) : 0, bcol = in ? glu_b_col(f, F, p.glu_layout) : 0;
+  float sa[8], sb[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) sa[i] = 0.0f, sb[i] = 0.0f;
+  // The saved C of the warp's next row is loaded while this one computes.
+  auto load = [&](int r, uint4& av, uint4& bv, float& prob) {
+    const int64_t row = t.row0 + r;
+    prob = p.probs != nullptr ? __ldg(p.probs + row) : 1.0f;
+    if (in) {
+      const uint16_t* crow = p.c_in + row * C;
+      av = __ldg(reinterpret_cast<const uint4*>(crow + acol));
+      bv = __ldg(reinterpret_cast<const uint4*>(crow + bcol));
+    }
+  };
+  uint4 av_n = make_uint4(0, 0, 0, 0), bv_n = av_n;
+  float prob_n = 1.0f;
+  if (ew < rows) load(ew, av_n, bv_n, prob_n);
+#pragma unroll 1
+  for (int r = ew; r < rows; r += kEwWarps) {
+    const uint4 av = av_n, bv = bv_n;
+    const float prob = prob_n;
+    if (r + kEwWarps < rows) load(r + kEwWarps, av_n, bv_n, prob_n);
+    const int64_t row = t.row0 + r;
+    float rs = 0.0f;
+    if (in) {
+      float g[8];
+      const uint32_t h0 = st + hand_off_offset<BN>(r, 8 * lane);
+      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(g[0]), "=f"(g[1]), "=f"(g[2]), "=f"(g[3]) : "r"(h0)
+                   : "memory");
+      const uint32_t h1 = st + hand_off_offset<BN>(r, 8 * lane + 4);
+      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(g[4]), "=f"(g[5]), "=f"(g[6]), "=f"(g[7]) : "r"(h1)
+                   : "memory");
+      const uint32_t aw[4] = {av.x, av.y, av.z, av.w}, bw[4] = {bv.x, bv.y, bv.z, bv.w};
+      uint32_t daw[4], dbw[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const GluGrad r0 = glu_backward<kAct>(bf16_lo(aw[i]), bf16_lo(bw[i]), g[2 * i], prob, p.glu);
+        const GluGrad r1 = glu_backward<kAct>(bf16_hi(aw[i]), bf16_hi(bw[i]), g[2 * i + 1], prob, p.glu);
+        rs += g[2 * i] * r0.act + g[2 * i + 1] * r1.act;
+        if constexpr (kDb1) {
+          sa[2 * i] += r0.da, sa[2 * i + 1] += r1.da;
+          sb[2 * i] += r0.db, sb[2 * i + 1] += r1.db;
+        }
+        daw[i] = pack_bf16x2(r0.da, r1.da);
+        dbw[i] = pack_bf16x2(r0.db, r1.db);
+      }
+      uint16_t* drow = p.out_bf16 + row * C;
+      *reinterpret_cast<uint4*>(drow + acol) = make_uint4(daw[0], daw[1], daw[2], daw[3]);
+      *reinterpret_cast<uint4*>(drow + bcol) = make_uint4(dbw[0], dbw[1], dbw[2], dbw[3]);
+    }
+    if (p.ws_dprob != nullptr) {
+#pragma unroll
+      for (int s = 16; s >= 1; s /= 2) rs += __shfl_xor_sync(0xffffffffu, rs, s);
+      if (lane == 0) p.ws_dprob[static_cast<int64_t>(t.n_tile) * p.rows + row] = rs;
+    }
+  }
+  if constexpr (kDb1) {
+    if (lane < kGroups) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        db1_part[(ew * 2 + 0) * BN + 8 * lane + i] = sa[i];
+        db1_part[(ew * 2 + 1) * BN + 8 * lane + i] = sb[i];
+      }
+    }
+    named_barrier_sync(kEwBarrier, 32 * kEwWarps);
+    const int et = 32 * ew + lane;
+    for (int c = et; c < 2 * BN; c += 32 * kEwWarps) {
+      const int half = c / BN, cc = c % BN;
+      const int64_t fc = n0 + cc;
+      if (fc < F) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kEwWarps; ++w) sum += db1_part[(w * 2 + half) * BN + cc];
+        const int64_t col = half == 0 ? glu_a_col(fc, F, p.glu_layout) : glu_b_col(fc, F, p.glu_layout);
+        p.ws_db1[static_cast<int64_t>(t.m_tile) * C + col] = sum;
+      }
+    }
+    named_barrier_sync(kEwBarrier, 32 * kEwWarps);  // the partials are read before the next tile's
+  }
+}
+
+template <int BN>
+__device__ __forceinline__ void epilogue_warps_glu_backward(const KernelParams& p, const Tile& t, int ew, int lane,
+                                                            uint8_t* epi) {
+  constexpr Activation kSwiglu = Activation::swiglu, kClamped = Activation::clamped_swiglu;
+  const bool db1 = p.ws_db1 != nullptr;
+  if (p.glu.activation == kSwiglu) {
+    if (db1) epilogue_warps_impl<BN, kSwiglu, true>(p, t, ew, lane, epi);
+    else epilogue_warps_impl<BN, kSwiglu, false>(p, t, ew, lane, epi);
+  } else {
+    if (db1) epilogue_warps_impl<BN, kClamped, true>(p, t, ew, lane, epi);
+    else epilogue_warps_impl<BN, kClamped, false>(p, t, ew, lane, epi);
+  }
+}
+
 // epi: the epilogue's shared memory (Cfg::kEpiBytes): the two warp groups' stages, then
 // (glu_backward) the column sums.
 template <class Cfg>

@@ -42,6 +42,11 @@ inline constexpr int kGluBwdBufs = 2;
 inline constexpr int kGluBwdBufBytes = 64 * kGluBwdRow;
 inline constexpr int kGluBwdStageBytes = kGluBwdBufs * kGluBwdBufBytes;
 inline constexpr int kGluBwdEpiBytes = 2 * kGluBwdStageBytes + 8 * 2 * kGluBwdPass * 4;
+// glu_backward_ew: 3 epilogue warps (warps 1-3 of the producer warp group); the fp32 accumulator tile
+// handed to them (128 x BN), then per epilogue warp the db1 partials of the tile (a and b of BN columns).
+inline constexpr int kEwWarps = 3;
+template <int BN>
+inline constexpr int kEwEpiBytes = kBlockM * BN * 4 + kEwWarps * 2 * BN * 4;
 
 // Mx (m-grouped, MXFP8 A): A (e4m3 tokens [T, K], row-wise E8M0 scales, K-major) arrives by TMA
 // as [128][64] bytes with 64-byte swizzle; the consumers turn it into BF16 wgmma A fragments in
@@ -76,13 +81,18 @@ struct KernelConfig {
   static constexpr int kScaleBytes = kMx ? 2 * kBlockM + (kMxB ? 2 * kBlockN : 0) : 0;
   // The epilogue's shared memory (epilogue.cuh): a 64-row x 256-byte output stage per consumer warp
   // group; glu_backward: 512-byte rows and the db1 column partials.
-  static constexpr int kEpiBytes = E_ == Epi::glu_backward ? kGluBwdEpiBytes : 2 * kOutStageBytes;
+  // glu_backward_ew: the fp32 hand-off tile (128 x BN) and the epilogue warps' db1 partials.
+  static constexpr int kEpiBytes = E_ == Epi::glu_backward      ? kGluBwdEpiBytes
+                                   : E_ == Epi::glu_backward_ew ? kEwEpiBytes<BN_>
+                                                                : 2 * kOutStageBytes;
+  static_assert(E_ != Epi::glu_backward_ew || (Mx_ == Mx::none && G_ == Grouping::m && BMajor_ == Major::mn),
+                "epilogue warps: BF16 FC2 dgrad (warps 1-3 of the producer group are the MXFP8 scale loaders)");
   static constexpr int kReserved = 1024 /*alignment slack*/ + 256 /*barriers*/;
   static constexpr int kFree = kSmemLimit - kReserved - kEpiBytes - kBBufs * kBBufBytes;
   static constexpr int kStages = kFree / (kStageBytes + kScaleBytes) > 8 ? 8 : kFree / (kStageBytes + kScaleBytes);
   static constexpr int kSmemBytes =
       kReserved + kEpiBytes + kBBufs * kBBufBytes + kStages * (kStageBytes + kScaleBytes);
-  static_assert(2 * 8 * kStages <= 256, "barriers");
+  static_assert(2 * 8 * kStages + 16 <= 256, "barriers");
   // CTA pairs along M can share (multicast) the B tile (2/3 of the bytes a 128 x 256 tile reads per
   // k-block). Since the release fix in ptx.cuh (mbar_arrive_cluster) the pairs run faster than single
   // CTAs in bench/sm90_kernels.cu (FC1 dsv3 720 vs 619 TFLOP/s): the layer's kernels run pairs
@@ -568,6 +578,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* epi_smem = scl0 + kStages * Cfg::kScaleBytes;            // kEpiBytes
   uint64_t* full = reinterpret_cast<uint64_t*>(epi_smem + Cfg::kEpiBytes);  // (stages)
   uint64_t* empty = full + kStages;                                         // (stages)
+  uint64_t* hand = empty + kStages;  // glu_backward_ew: [0] the hand-off tile is full, [1] it is free
   auto stage_a = [&](int s) { return smem + s * Cfg::kStageBytes; };
   auto stage_b = [&](int s) { return smem + s * Cfg::kStageBytes + Cfg::kStageA; };
   auto bbuf = [&](int b) { return bbuf0 + b * Cfg::kBBufBytes; };
@@ -583,6 +594,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       // retired it for the whole warp group). MXFP8: one per consumer warp (each warp read A and
       // the scales with ordinary loads, which only its own arrival orders before the refill).
       mbar_init(&empty[s], (Cfg::kMx ? 8 : 2) * kCluster);
+    }
+    if constexpr (Cfg::kEpi == Epi::glu_backward_ew) {
+      mbar_init(&hand[0], 8);         // one arrival per consumer warp
+      mbar_init(&hand[1], kEwWarps);  // one per epilogue warp
     }
     fence_barrier_init();
     tma_prefetch_desc(&tma_a);
@@ -600,7 +615,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // give blocks forever (64 / 224 did: 8192 + 57344 > 64512, every kernel hung). 56 / 224: the
   // producer's pair path spilled at 40; the store kernels are spill-free, the GLU ones keep a few
   // loop-invariant spills reloaded once per tile (ptxas -v, cuobjdump: no LDL in the k-loop).
-  constexpr int kProducerRegs = 56, kConsumerRegs = 224, kLaunchRegs = 168;
+  // glu_backward_ew: the epilogue warps (producer warp group) need registers for 8-value chunks: 96 / 200.
+  constexpr bool kEw = Cfg::kEpi == Epi::glu_backward_ew;
+  constexpr int kProducerRegs = kEw ? 96 : 56, kConsumerRegs = kEw ? 200 : 224, kLaunchRegs = 168;
   static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kThreads * kLaunchRegs,
                 "setmaxnreg must stay within the registers the CTA was launched with");
   if (wg == 0) {
@@ -615,6 +632,20 @@ __global__ void __launch_bounds__(kThreads, 1)
           mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytes);
           load_stage<Cfg>(p, t, kb, rank, stage_a(stage), stage_b(stage), &full[stage], &tma_a, &tma_b0, &tma_b1);
           if (++stage == kStages) stage = 0, phase ^= 1;
+        }
+      }
+    } else if constexpr (kEw) {
+      if (threadIdx.x >= 32) {
+        // The epilogue warps: the consumers' tiles in the same order, each from the hand-off tile.
+        uint32_t hphase = 0;
+        for (int64_t idx = first; idx < total; idx += step) {
+          const Tile t = tile_at<Cfg::kGrouping, kCluster>(p, idx, rank, m_count);
+          if (!t.live) continue;
+          mbar_wait(&hand[0], hphase);
+          epilogue_warps_glu_backward<BN>(p, t, threadIdx.x / 32 - 1, threadIdx.x % 32, epi_smem);
+          __syncwarp();
+          if (threadIdx.x % 32 == 0) mbar_arrive(&hand[1]);
+          hphase ^= 1;
         }
       }
     } else if constexpr (Cfg::kMx) {
@@ -641,6 +672,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int ctid = threadIdx.x - 128;  // 0..255
     int stage = 0, xbuf = 0;  // xbuf: the BF16 B tile of the current k-block (MXFP8)
     uint32_t phase = 0;
+    uint32_t hphase = 0;  // glu_backward_ew: hand-offs so far, mod 2
     // One arrival per consumer warp group on each CTA of the cluster, from different lanes (lane r
     // signals CTA r, as CUTLASS spreads them), so no thread issues two.
     // `zeroed`: this CTA wrote the stage with ordinary stores (k-grouped tail), which the peer's
@@ -828,7 +860,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (prev >= 0) release(prev, prev_zeroed);
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) fence_operand(acc[i]);
-      if (t.live) epilogue<Cfg>(p, t, cw, ctid, acc, epi_smem);
+      if constexpr (kEw) {
+        if (t.live) {
+          // Hand the accumulators over (once the epilogue warps are done with the last tile's) and
+          // go on to the next tile.
+          mbar_wait(&hand[1], hphase ^ 1);
+          hand_off_tile<BN>(cw, ctid, acc, epi_smem);
+          __syncwarp();
+          if (ctid % 32 == 0) mbar_arrive(&hand[0]);
+          hphase ^= 1;
+        }
+      } else if (t.live) {
+        epilogue<Cfg>(p, t, cw, ctid, acc, epi_smem);
+      }
     }
   }
   if constexpr (kCluster > 1) cluster_sync();  // no CTA leaves while its peer may still write to it

@@ -6,6 +6,7 @@
 #include "src/cpu/fp8_block.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -181,6 +182,112 @@ void fp8_dequantize_weights(const uint8_t* q, const float* scale_inv, int64_t ex
     for (int64_t c = 0; c < k; ++c)
       out[er * k + c] =
           fp8_block_decode(q[er * k + c], scale_inv[(e * nb_count + r / kFp8Block) * kb_count + c / kFp8Block]);
+  }
+}
+
+// ---- GEMMs ----
+namespace {
+
+std::vector<float> decoded(const uint8_t* q, int64_t count) {
+  std::vector<float> v(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) v[static_cast<size_t>(i)] = e4m3_to_f32(q[i]);
+  return v;
+}
+std::vector<Group> gemm_groups(const char* fn, const int32_t* offsets, int64_t experts, int64_t rows) {
+  if (offsets == nullptr) throw Error("offsets", std::string(fn) + ": offsets is null");
+  return groups_of(fn, offsets, experts, rows);
+}
+
+}  // namespace
+
+void fp8_gemm_fprop(const uint8_t* qa, const float* sa, int64_t rows, int64_t k, const uint8_t* qw, const float* sw,
+                    int64_t experts, int64_t n, const int32_t* offsets, float* d) {
+  const char* fn = "fp8_gemm_fprop";
+  check_sizes(fn, rows, "rows", k, "k");
+  check_sizes(fn, experts, "experts", n, "n");
+  const std::vector<Group> groups = gemm_groups(fn, offsets, experts, rows);
+  check_ptr(fn, qa, "qa", rows * k), check_ptr(fn, sa, "sa", fp8_rowwise_scale_count(rows, k));
+  check_ptr(fn, qw, "qw", experts * n * k), check_ptr(fn, sw, "sw", experts * fp8_weight_scale_count(n, k));
+  check_ptr(fn, d, "d", rows * n);
+  const std::vector<float> a = decoded(qa, rows * k), w = decoded(qw, experts * n * k);
+  const int64_t nbs = ceil_div(n, kFp8Block), kbs = ceil_div(k, kFp8Block);
+  for (int64_t e = 0; e < experts; ++e) {
+    const Group g = groups[static_cast<size_t>(e)];
+#pragma omp parallel for schedule(static) if (parallel_worth(g.rows * n * k))
+    for (int64_t t = g.begin; t < g.begin + g.rows; ++t)
+      for (int64_t c = 0; c < n; ++c) {
+        float acc = 0.0f;
+        for (int64_t kb = 0; kb < kbs; ++kb) {
+          float part = 0.0f;
+          for (int64_t i = kb * kFp8Block; i < std::min<int64_t>(k, (kb + 1) * kFp8Block); ++i)
+            part += a[static_cast<size_t>(t * k + i)] * w[static_cast<size_t>((e * n + c) * k + i)];
+          const float sc = sa[fp8_rowwise_scale_index(t, kb, rows)] * sw[(e * nbs + c / kFp8Block) * kbs + kb];
+          acc = std::fma(part, sc, acc);
+        }
+        d[t * n + c] = acc;
+      }
+  }
+}
+
+void fp8_gemm_dgrad(const uint8_t* qg, const float* sg, int64_t rows, int64_t n, const uint8_t* qw, const float* sw,
+                    int64_t experts, int64_t k, const int32_t* offsets, float* d) {
+  const char* fn = "fp8_gemm_dgrad";
+  check_sizes(fn, rows, "rows", n, "n");
+  check_sizes(fn, experts, "experts", k, "k");
+  const std::vector<Group> groups = gemm_groups(fn, offsets, experts, rows);
+  check_ptr(fn, qg, "qg", rows * n), check_ptr(fn, sg, "sg", fp8_rowwise_scale_count(rows, n));
+  check_ptr(fn, qw, "qw", experts * n * k), check_ptr(fn, sw, "sw", experts * fp8_weight_scale_count(n, k));
+  check_ptr(fn, d, "d", rows * k);
+  const std::vector<float> gv = decoded(qg, rows * n), w = decoded(qw, experts * n * k);
+  const int64_t nbs = ceil_div(n, kFp8Block), kbs = ceil_div(k, kFp8Block);
+  for (int64_t e = 0; e < experts; ++e) {
+    const Group g = groups[static_cast<size_t>(e)];
+#pragma omp parallel for schedule(static) if (parallel_worth(g.rows * n * k))
+    for (int64_t t = g.begin; t < g.begin + g.rows; ++t)
+      for (int64_t c = 0; c < k; ++c) {
+        float acc = 0.0f;
+        for (int64_t jb = 0; jb < nbs; ++jb) {
+          float part = 0.0f;
+          for (int64_t j = jb * kFp8Block; j < std::min<int64_t>(n, (jb + 1) * kFp8Block); ++j)
+            part += gv[static_cast<size_t>(t * n + j)] * w[static_cast<size_t>((e * n + j) * k + c)];
+          const float sc = sg[fp8_rowwise_scale_index(t, jb, rows)] * sw[(e * nbs + jb) * kbs + c / kFp8Block];
+          acc = std::fma(part, sc, acc);
+        }
+        d[t * k + c] = acc;
+      }
+  }
+}
+
+void fp8_gemm_wgrad(const uint8_t* qa, const float* sa, int64_t m, const uint8_t* qb, const float* sb, int64_t n,
+                    int64_t rows, const int32_t* offsets, int64_t experts, float* d) {
+  const char* fn = "fp8_gemm_wgrad";
+  check_sizes(fn, m, "m", n, "n");
+  if (rows < 0) throw Error("rows", std::string(fn) + ": rows = " + std::to_string(rows) + " is negative");
+  const std::vector<Group> groups = gemm_groups(fn, offsets, experts, rows);
+  const std::vector<TokenBlock> blocks = token_blocks(groups);
+  const int64_t brows = static_cast<int64_t>(blocks.size());
+  check_ptr(fn, qa, "qa", rows * m), check_ptr(fn, sa, "sa", brows * m);
+  check_ptr(fn, qb, "qb", rows * n), check_ptr(fn, sb, "sb", brows * n);
+  check_ptr(fn, d, "d", experts * m * n);
+  const std::vector<float> av = decoded(qa, rows * m), bv = decoded(qb, rows * n);
+  int64_t first = 0;  // the group's first token block
+  for (int64_t e = 0; e < experts; ++e) {
+    const Group g = groups[static_cast<size_t>(e)];
+    const int64_t nblk = fp8_token_block_rows(g.rows);
+#pragma omp parallel for schedule(static) if (parallel_worth(g.rows * m * n))
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        float acc = 0.0f;
+        for (int64_t b = first; b < first + nblk; ++b) {
+          const TokenBlock& tb = blocks[static_cast<size_t>(b)];
+          float part = 0.0f;
+          for (int64_t t = tb.row0; t < tb.row0 + tb.rows; ++t)
+            part += av[static_cast<size_t>(t * m + i)] * bv[static_cast<size_t>(t * n + j)];
+          acc = std::fma(part, sa[b * m + i] * sb[b * n + j], acc);
+        }
+        d[(e * m + i) * n + j] = acc;
+      }
+    first += nblk;
   }
 }
 

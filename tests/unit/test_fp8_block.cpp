@@ -245,6 +245,117 @@ TEST(Fp8Block, NanStaysInItsSlotAndInfSaturates) {
   EXPECT_EQ(q[201], e4m3_from_f32(f32_from_bf16(x[201])));  // finite values of that block at scale 1
 }
 
+// ---------------- GEMMs ----------------
+
+// The same sums in double from the dequantized operands (what the blockwise rule equals up to
+// fp32 rounding: q s_inv summed per block is q summed per block times s_inv), and the bound
+// 2e-5 * sum |terms| + tiny for fp32 partial sums and fma accumulation.
+struct Ref {
+  std::vector<double> v, mag;
+};
+void expect_near_ref(const std::vector<float>& got, const Ref& r, const char* what) {
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_LE(std::fabs(static_cast<double>(got[i]) - r.v[i]), 2e-5 * r.mag[i] + 1e-30) << what << " " << i;
+}
+
+struct GemmCase {
+  std::vector<int32_t> off;
+  int64_t rows, experts;
+};
+GemmCase gemm_case() {
+  GemmCase c{{0, 5, 5, 145}, 145, 3};  // an empty group, a group of two blocks (128 + 12)
+  return c;
+}
+
+TEST(Fp8Block, FpropAndDgradFollowTheBlockRule) {
+  const GemmCase gc = gemm_case();
+  const int64_t T = gc.rows, E = gc.experts, N = 200, K = 300;
+  for (bool pow2 : {false, true}) {
+    const auto x = random_bf16(static_cast<size_t>(T * K), 21), w = random_bf16(static_cast<size_t>(E * N * K), 22);
+    const auto g = random_bf16(static_cast<size_t>(T * N), 23);
+    std::vector<uint8_t> qx(x.size()), qw(w.size()), qg(g.size());
+    std::vector<float> sx(fp8_rowwise_scale_count(T, K)), sw(E * fp8_weight_scale_count(N, K)),
+        sg(fp8_rowwise_scale_count(T, N));
+    cpu::fp8_quantize_rows(x.data(), T, K, pow2, qx.data(), sx.data());
+    cpu::fp8_quantize_weights(w.data(), E, N, K, pow2, qw.data(), sw.data());
+    cpu::fp8_quantize_rows(g.data(), T, N, pow2, qg.data(), sg.data());
+    std::vector<float> dx(x.size()), dw(w.size()), dg(g.size());
+    cpu::fp8_dequantize_rows(qx.data(), sx.data(), T, K, dx.data());
+    cpu::fp8_dequantize_weights(qw.data(), sw.data(), E, N, K, dw.data());
+    cpu::fp8_dequantize_rows(qg.data(), sg.data(), T, N, dg.data());
+    auto expert_of = [&](int64_t t) {
+      int64_t e = 0;
+      while (t >= gc.off[e + 1]) ++e;
+      return e;
+    };
+    // Non-pow2 scales: the dequantized values are fp32-rounded products; compare with the rule in
+    // double instead (per block: exact partial x s_inv_a x s_inv_b).
+    auto xq = [&](int64_t t, int64_t i) {
+      return static_cast<double>(e4m3_to_f32(qx[t * K + i])) * sx[fp8_rowwise_scale_index(t, i / 128, T)];
+    };
+    auto wq = [&](int64_t e, int64_t r, int64_t c) {
+      return static_cast<double>(e4m3_to_f32(qw[(e * N + r) * K + c])) * sw[(e * 2 + r / 128) * 3 + c / 128];
+    };
+    auto gq = [&](int64_t t, int64_t j) {
+      return static_cast<double>(e4m3_to_f32(qg[t * N + j])) * sg[fp8_rowwise_scale_index(t, j / 128, T)];
+    };
+    Ref fr{std::vector<double>(T * N), std::vector<double>(T * N)},
+        dr{std::vector<double>(T * K), std::vector<double>(T * K)};
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t e = expert_of(t);
+      for (int64_t c = 0; c < N; ++c)
+        for (int64_t i = 0; i < K; ++i) {
+          const double p = xq(t, i) * wq(e, c, i);
+          fr.v[t * N + c] += p, fr.mag[t * N + c] += std::fabs(p);
+        }
+      for (int64_t c = 0; c < K; ++c)
+        for (int64_t j = 0; j < N; ++j) {
+          const double p = gq(t, j) * wq(e, j, c);
+          dr.v[t * K + c] += p, dr.mag[t * K + c] += std::fabs(p);
+        }
+    }
+    std::vector<float> y(T * N, kPoisonS), dxg(T * K, kPoisonS);
+    cpu::fp8_gemm_fprop(qx.data(), sx.data(), T, K, qw.data(), sw.data(), E, N, gc.off.data(), y.data());
+    cpu::fp8_gemm_dgrad(qg.data(), sg.data(), T, N, qw.data(), sw.data(), E, K, gc.off.data(), dxg.data());
+    expect_near_ref(y, fr, "fprop");
+    expect_near_ref(dxg, dr, "dgrad");
+    if (pow2) {  // then the dequantized operands are exact and the same sums come from them
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t i = 0; i < K; ++i) ASSERT_EQ(static_cast<double>(dx[t * K + i]), xq(t, i));
+    }
+  }
+}
+
+TEST(Fp8Block, WgradSumsEachGroupsTokenBlocks) {
+  const GemmCase gc = gemm_case();
+  const int64_t T = gc.rows, E = gc.experts, M = 70, N = 50;
+  for (bool pow2 : {false, true}) {
+    const auto a = random_bf16(static_cast<size_t>(T * M), 31), b = random_bf16(static_cast<size_t>(T * N), 32);
+    const int64_t cap = fp8_token_block_rows_capacity(T, E);
+    std::vector<uint8_t> qa(a.size()), qb(b.size());
+    std::vector<float> sa(cap * M), sb(cap * N);
+    const int64_t used =
+        cpu::fp8_quantize_token_blocks(a.data(), T, M, gc.off.data(), E, pow2, qa.data(), sa.data(), cap);
+    cpu::fp8_quantize_token_blocks(b.data(), T, N, gc.off.data(), E, pow2, qb.data(), sb.data(), cap);
+    ASSERT_EQ(used, 1 + 0 + 2);
+    auto srow = [&](int64_t t) { return t < 5 ? 0 : (t < 5 + 128 ? 1 : 2); };  // block row of token t
+    Ref r{std::vector<double>(E * M * N), std::vector<double>(E * M * N)};
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t e = t < 5 ? 0 : 2;
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) {
+          const double p = static_cast<double>(e4m3_to_f32(qa[t * M + i])) * sa[srow(t) * M + i] *
+                           static_cast<double>(e4m3_to_f32(qb[t * N + j])) * sb[srow(t) * N + j];
+          r.v[(e * M + i) * N + j] += p, r.mag[(e * M + i) * N + j] += std::fabs(p);
+        }
+    }
+    std::vector<float> d(E * M * N, kPoisonS);
+    cpu::fp8_gemm_wgrad(qa.data(), sa.data(), M, qb.data(), sb.data(), N, T, gc.off.data(), E, d.data());
+    expect_near_ref(d, r, "wgrad");
+    for (int64_t i = 0; i < M * N; ++i) ASSERT_EQ(bits(d[M * N + i]), 0u) << "empty group " << i;  // +0, not poison
+  }
+}
+
 // ---------------- errors ----------------
 
 template <class F>
@@ -280,6 +391,13 @@ TEST(Fp8Block, BadArgumentsNameTheArgumentAndWriteNothing) {
   expect_error("scale_rows",
                [&] { cpu::fp8_quantize_token_blocks(x.data(), rows, k, two.data(), 2, false, q.data(), s.data(), 1); });
   expect_error("experts", [&] { cpu::fp8_quantize_weights(x.data(), -1, rows, k, false, q.data(), s.data()); });
+  std::vector<float> d(rows * rows, 7.0f);
+  expect_error("offsets",
+               [&] { cpu::fp8_gemm_fprop(q.data(), s.data(), rows, k, q.data(), s.data(), 1, k, nullptr, d.data()); });
+  expect_error("offsets", [&] {
+    cpu::fp8_gemm_wgrad(q.data(), s.data(), k, q.data(), s.data(), k, rows, not_monotone.data(), 3, d.data());
+  });
+  for (float v : d) ASSERT_EQ(v, 7.0f);
   for (uint8_t b : q) ASSERT_EQ(b, kPoisonQ);
   for (float v : s) ASSERT_EQ(v, 7.0f);
 }

@@ -31,6 +31,10 @@ using StoreKMNNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, 
 using GluFwd = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::glu_forward, kPair>;
 using GluBwd = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair>;
 using GluBwdNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair>;
+// FC2 dgrad with the epilogue on warps 1-3 of the producer warp group (epilogue.cuh "Epilogue
+// warps"), taken only with MXMOE_SM90_FC2_DGRAD=ew until measured against GluBwd.
+constexpr int kEwN = 192;
+using GluBwdEw = KernelConfig<kEwN, Major::k, Major::mn, Grouping::m, Epi::glu_backward_ew, kPair>;
 // The MXFP8 configurations live in gemm_m_mx.cu (launch_gemm_m_mx), a translation unit of their own.
 
 const TensorView& a_view(const detail::MGemmStep& s) { return s.gemm.a.is_mxfp8() ? s.gemm.a.mx.data : s.gemm.a.bf16; }
@@ -235,8 +239,29 @@ void finish_gemm_m(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t s
 }
 
 namespace {
+bool fc2_dgrad_epilogue_warps() {
+  static const bool v = [] {
+    const char* e = std::getenv("MXMOE_SM90_FC2_DGRAD");
+    return e != nullptr && std::string(e) == "ew";
+  }();
+  return v;
+}
+// The epilogue warps load the saved C and store dC in 16-byte pieces of rows.
+bool epilogue_warps_take(const detail::MGemmStep& s) {
+  if (!fc2_dgrad_epilogue_warps() || s.epilogue != detail::Epilogue::glu_backward || s.gemm.a.is_mxfp8()) return false;
+  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return s.ffn % 8 == 0 && aligned16(s.c.data) && aligned16(s.out_bf16.data);
+}
+
 // Runs a step whose B is BF16 (A BF16 or MXFP8) or, with the store epilogue, MXFP8 on both sides.
 void run_gemm_m(const detail::MGemmStep& s, cudaStream_t stream) {
+  if (epilogue_warps_take(s)) {
+    Workspace ws(gemm_m_workspace_bytes(s, kEwN), stream);
+    const MPlan plan = plan_gemm_m(s, kEwN, ws, stream);
+    launch<GluBwdEw>(plan.params, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+    finish_gemm_m(s, plan, stream);
+    return;
+  }
   const int bn = default_block_n(s);
   Workspace ws(gemm_m_workspace_bytes(s, bn), stream);
   const MPlan plan = plan_gemm_m(s, bn, ws, stream);

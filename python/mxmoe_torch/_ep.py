@@ -11,7 +11,8 @@ Forward (the all-to-all dispatcher of Megatron-LM, over torch.distributed):
   2. exchange the per-expert row counts (all_to_all_single of an int64 [E] tensor);
   3. without a capacity, one host read: the split sizes per rank (`.tolist()`, as Megatron's
      dispatcher does); with a capacity the splits are static and nothing is read on the host;
-  4. all_to_all_single the rows (bf16) and their probabilities (float32) with those splits;
+  4. all_to_all_single the rows (bf16, or row-wise MXFP8 with its scales: see Recipes) and their
+     probabilities (float32) with those splits;
   5. the received rows come grouped by source rank, then local expert: a device-side permutation
      (index_select with indices built from the received counts by torch ops, no Python loop over
      tokens) regroups them by local expert, then source rank (so the rows of an expert are in global
@@ -40,9 +41,14 @@ padding rows run through the local experts (their outputs are never gathered, th
 gradient is zero, so every kept row's result and every gradient is unaffected by them, up to
 the summation order of zero terms).
 
-Recipes: "bf16" and "mxfp8". TODO (the issue's request, not done yet): with "mxfp8" the rows travel
-in BF16 and the receiving GroupedMLP quantizes them; sending the MXFP8 rows and their E8M0 scales
-(about half the bytes) is not implemented.
+Recipes: "bf16" and "mxfp8". With "mxfp8" the rows travel as row-wise MXFP8 by default
+(fp8_dispatch): the sender quantizes its permuted rows (E4M3 and one E8M0 scale per 32 values,
+docs/numerics.md), both go through all_to_all_single (H + H/32 bytes a row instead of 2H), and the
+receiver dequantizes them to bf16 (exact) for its GroupedMLP. So the layer sees x' =
+dequant(quant_row(x)) instead of x: its row-wise MXFP8 copy of x' has the same values as that of x,
+and its column-wise copy (for dW1) is quantized from x'. The gradient passes the quantization
+straight through (dx is the reverse all_to_all of the bf16 gradient of x'). fp8_dispatch=False
+sends bf16 rows, as the bf16 recipe does.
 """
 
 import torch
@@ -52,6 +58,8 @@ import torch.distributed as dist
 from ._layer import GroupedMLP
 from ._moe import expert_capacity
 from ._permute import permute, permute_by_map, unpermute
+
+_ops = torch.ops.mxmoe
 
 __all__ = ["ExpertParallelMLP", "all_to_all", "expert_parallel_mlp"]
 
@@ -81,6 +89,47 @@ class _AllToAll(torch.autograd.Function):
         return dx, None, None, None
 
 
+def _scale_cols(hidden):
+    return (hidden // 32 + 3) // 4 * 4  # compact row-wise E8M0 scales: roundup(H / 32, 4) a row
+
+
+class _Mxfp8AllToAll(torch.autograd.Function):
+    """The rows' exchange in MXFP8: bf16 rows quantized row-wise, the E4M3 bytes and their scale rows
+    exchanged by all_to_all_single with the same splits, dequantized to bf16 on arrival. Backward: the
+    reverse all_to_all of the bf16 gradient (straight through the quantization)."""
+
+    @staticmethod
+    def forward(ctx, x, output_splits, input_splits, group):
+        ctx.group = group
+        ctx.output_splits, ctx.input_splits = output_splits, input_splits
+        n_send, hidden = x.shape
+        n_recv = sum(output_splits) if output_splits is not None else n_send
+        cols = _scale_cols(hidden)
+        q, scales = _ops.quantize_mxfp8(x.contiguous(), "row")
+        scale_rows = scales.view(-1, cols)[:n_send].contiguous()  # row t's scales: bytes t * cols ...
+        recv_q = torch.empty((n_recv, hidden), dtype=torch.uint8, device=x.device)
+        dist.all_to_all_single(recv_q, q.view(torch.uint8), output_split_sizes=output_splits,
+                               input_split_sizes=input_splits, group=group)
+        recv_s = torch.empty((n_recv, cols), dtype=torch.uint8, device=x.device)
+        dist.all_to_all_single(recv_s, scale_rows, output_split_sizes=output_splits, input_split_sizes=input_splits,
+                               group=group)
+        padded = torch.zeros(((n_recv + 127) // 128 * 128, cols), dtype=torch.uint8, device=x.device)
+        padded[:n_recv] = recv_s
+        return _ops.dequantize_mxfp8(recv_q.view(torch.float8_e4m3fn), padded.view(-1), "row",
+                                     dtype=torch.bfloat16)
+
+    @staticmethod
+    def backward(ctx, dy):
+        dx = _AllToAll.apply(dy.contiguous(), ctx.input_splits, ctx.output_splits, ctx.group)
+        return dx, None, None, None
+
+
+def _send_rows(x, output_splits, input_splits, group, fp8):
+    if fp8:
+        return _Mxfp8AllToAll.apply(x, output_splits, input_splits, group)
+    return _AllToAll.apply(x, output_splits, input_splits, group)
+
+
 def all_to_all(x, output_splits=None, input_splits=None, group=None):
     """Differentiable all_to_all_single over dim 0: rank r sends x[sum(input_splits[:j]) ...] (input_splits[j]
     rows) to rank j and receives output_splits[j] rows from rank j, concatenated by source rank. None:
@@ -107,12 +156,17 @@ def _regroup_index_n(counts, n):
     return dest, inv
 
 
-def expert_parallel_mlp(x, expert_ids, probs, layer, *, experts, group=None, capacity=-1):
+def expert_parallel_mlp(x, expert_ids, probs, layer, *, experts, group=None, capacity=-1, fp8_dispatch=None):
     """The functional form of ExpertParallelMLP.forward: `layer` is this rank's GroupedMLP of
     E_local = experts / ep_size experts (global experts rank * E_local ...), x [T, H], expert_ids [T, K]
     (global ids; an id outside [0, experts) is dropped), probs [T, K] or None (= 1). capacity >= 0: the
     static-capacity mode with C = capacity rows per expert per source rank (every rank must pass the
-    same C); -1: no capacity (one host read of the split sizes). Returns y bf16 [T, H]."""
+    same C); -1: no capacity (one host read of the split sizes). fp8_dispatch: the rows travel as
+    row-wise MXFP8 (default for an mxfp8 layer; an error for bf16). Returns y bf16 [T, H]."""
+    if fp8_dispatch is None:
+        fp8_dispatch = layer.recipe == "mxfp8"
+    elif fp8_dispatch and layer.recipe != "mxfp8":
+        raise ValueError(_error(f"fp8_dispatch needs the mxfp8 recipe, the layer's is {layer.recipe!r}"))
     W = dist.get_world_size(group)
     E = experts
     if E % W:
@@ -127,7 +181,7 @@ def expert_parallel_mlp(x, expert_ids, probs, layer, *, experts, group=None, cap
     if probs is None:
         probs = torch.ones(T, K, dtype=torch.float32, device=dev)
     if capacity >= 0:
-        return _capacity_forward(x, expert_ids, probs, layer, E, W, L, capacity, group)
+        return _capacity_forward(x, expert_ids, probs, layer, E, W, L, capacity, group, fp8_dispatch)
 
     p = permute(x, expert_ids, probs, experts=E)
     counts = (p.offsets[1:] - p.offsets[:-1]).to(torch.int64)          # [E] rows per global expert
@@ -143,7 +197,7 @@ def expert_parallel_mlp(x, expert_ids, probs, layer, *, experts, group=None, cap
 
     rows_x = p.x if p.x.shape[0] == n_send else p.x[:n_send]           # invalid ids: rows past offsets[E]
     rows_p = p.probs if p.probs.shape[0] == n_send else p.probs[:n_send]
-    recv_x = all_to_all(rows_x, recv_splits, send_splits, group)
+    recv_x = _send_rows(rows_x, recv_splits, send_splits, group, fp8_dispatch)
     recv_p = all_to_all(rows_p, recv_splits, send_splits, group)
 
     dest, inv = _regroup_index_n(recv_counts, n_recv)
@@ -155,7 +209,7 @@ def expert_parallel_mlp(x, expert_ids, probs, layer, *, experts, group=None, cap
     return unpermute(back_y, p.row_map)
 
 
-def _capacity_forward(x, expert_ids, probs, layer, E, W, L, C, group):
+def _capacity_forward(x, expert_ids, probs, layer, E, W, L, C, group, fp8_dispatch):
     dev = x.device
     # Permute's capacity decides which slots are kept (its row map); the rows are then written
     # straight into the padded layout [E, C] (expert e's j-th kept row at e * C + j) by permute_by_map.
@@ -167,7 +221,7 @@ def _capacity_forward(x, expert_ids, probs, layer, E, W, L, C, group):
         row_map = torch.where(kept, ids * C + (p.row_map.to(torch.int64) - start), -1).to(torch.int32)
     rows = E * C
     padded = permute_by_map(x, row_map, probs, rows=rows)              # [W * L * C] rows, zeros padded
-    recv_x = all_to_all(padded.x, None, None, group)                   # [W (source), L, C, H]
+    recv_x = _send_rows(padded.x, None, None, group, fp8_dispatch)    # [W (source), L, C, H]
     recv_p = all_to_all(padded.probs, None, None, group)
     H = x.shape[-1]
     local_x = recv_x.reshape(W, L, C, H).transpose(0, 1).reshape(L * W * C, H)
@@ -190,8 +244,8 @@ class ExpertParallelMLP(nn.Module):
     the same capacity mode (and the same T with a capacity_factor, so that C agrees)."""
 
     def __init__(self, hidden, ffn, experts, group=None, activation="swiglu", glu_layout="halves", bias=False,
-                 recipe="mxfp8", *, capacity_factor=None, scale_fc2_bias=False, limit=7.0, alpha=1.702,
-                 linear_offset=1.0, cache_prepared_weights=True, device=None):
+                 recipe="mxfp8", *, capacity_factor=None, fp8_dispatch=None, scale_fc2_bias=False, limit=7.0,
+                 alpha=1.702, linear_offset=1.0, cache_prepared_weights=True, device=None):
         super().__init__()
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError(_error("torch.distributed must be initialised (init_process_group) first"))
@@ -211,6 +265,9 @@ class ExpertParallelMLP(nn.Module):
                                 scale_fc2_bias=scale_fc2_bias, limit=limit, alpha=alpha, linear_offset=linear_offset,
                                 cache_prepared_weights=cache_prepared_weights, device=device)
         self.hidden, self.ffn = self.local.hidden, self.local.ffn
+        if fp8_dispatch and self.local.recipe != "mxfp8":
+            raise ValueError(_error(f"fp8_dispatch needs the mxfp8 recipe, got {self.local.recipe!r}"))
+        self.fp8_dispatch = self.local.recipe == "mxfp8" if fp8_dispatch is None else bool(fp8_dispatch)
 
     @property
     def recipe(self):
@@ -221,12 +278,13 @@ class ExpertParallelMLP(nn.Module):
         return expert_capacity(self.capacity_factor, tokens, top_k, self.experts)
 
     @classmethod
-    def from_grouped_mlp(cls, layer, group=None, *, capacity_factor=None, device=None):
+    def from_grouped_mlp(cls, layer, group=None, *, capacity_factor=None, fp8_dispatch=None, device=None):
         """This rank's slice of a full GroupedMLP (`layer`, E experts, the same on every rank): the
         configuration is copied and w1, w2 (b1, b2) [rank * E_local : (rank + 1) * E_local] are copied in."""
         recipe, activation, limit, alpha, linear_offset, glu_layout, scale_fc2_bias = layer.config
         ep = cls(layer.hidden, layer.ffn, layer.experts, group, activation, glu_layout, layer.b1 is not None, recipe,
-                 capacity_factor=capacity_factor, scale_fc2_bias=scale_fc2_bias, limit=limit, alpha=alpha,
+                 capacity_factor=capacity_factor, fp8_dispatch=fp8_dispatch, scale_fc2_bias=scale_fc2_bias,
+                 limit=limit, alpha=alpha,
                  linear_offset=linear_offset, cache_prepared_weights=layer.cache_prepared_weights,
                  device=device if device is not None else layer.w1.device)
         ep.load_from_full(layer)
@@ -263,8 +321,9 @@ class ExpertParallelMLP(nn.Module):
         T, K = expert_ids.shape
         capacity = self.capacity(T, K)
         return expert_parallel_mlp(x, expert_ids, probs, self.local, experts=self.experts, group=self.group,
-                                   capacity=capacity)
+                                   capacity=capacity, fp8_dispatch=self.fp8_dispatch)
 
     def extra_repr(self):
         return (f"experts={self.experts}, ep_size={self.ep_size}, ep_rank={self.ep_rank}, "
-                f"local_experts={self.local_experts}, capacity_factor={self.capacity_factor}")
+                f"local_experts={self.local_experts}, capacity_factor={self.capacity_factor}, "
+                f"fp8_dispatch={self.fp8_dispatch}")

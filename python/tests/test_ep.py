@@ -33,6 +33,15 @@ the capacity cases included; there the zero rows add exact zeros, and for mxfp8 
 blocks happened to get the same power-of-two scales (these data, a block amax of normal values), so
 the bound is not used; it is kept because neither is guaranteed.
 
+MXFP8 dispatch (fp8_dispatch, the default for mxfp8): the rows cross as row-wise MXFP8 and the
+reference runs the single-process layer on wire_rows(x) = dequant(quant_row(x)) with the gradient
+passed straight through; one mxfp8 case sends bf16 rows. For values in the E4M3 normal range of their
+blocks the wire changes nothing the layer computes (it quantizes row-wise to the same values, and an
+E4M3 grid does not depend on a power-of-two scale there), so one case spreads each row over 14
+octaves, where the column-wise copy of wire_rows(x) differs from that of x and test_wire_matters checks
+that it does. test_fp8_dispatch_bytes checks that the MXFP8 rows are what travel (H + roundup(H/32, 4)
+bytes a row, against 2H).
+
 The NCCL path (two GPUs, the same worker with backend "nccl") is skipped with a reason when fewer
 than two GPUs exist.
 
@@ -52,19 +61,23 @@ from mxmoe_torch._moe import expert_capacity
 
 WORLD = 2
 E, H, F, K = 4, 64, 32, 2
-CASES = [  # (recipe, capacity_factor, bias, tokens per rank, invalid ids)
-    ("bf16", None, False, (24, 24), False),
-    ("mxfp8", None, False, (24, 24), False),
-    ("bf16", 0.75, False, (24, 24), False),
-    ("mxfp8", 0.75, False, (24, 24), False),
+CASES = [  # (recipe, capacity_factor, bias, tokens per rank, invalid ids, fp8_dispatch)
+    ("bf16", None, False, (24, 24), False, False),
+    ("mxfp8", None, False, (24, 24), False, True),
+    ("mxfp8", None, False, (24, 24), False, False),  # mxfp8 with the rows in bf16 on the wire
+    # Values over 14 octaves in a row: many fall below the E4M3 normal range of their 32-block, so the
+    # rows that cross the wire differ from x also in what the column-wise (wgrad) copy makes of them.
+    ("mxfp8", None, False, (24, 24), "wide", True),
+    ("bf16", 0.75, False, (24, 24), False, False),
+    ("mxfp8", 0.75, False, (24, 24), False, True),
     # 72 tokens: C = 27, so each local expert runs 54 rows, more than one 32-row MXFP8 block.
-    ("mxfp8", 0.75, True, (72, 72), False),
+    ("mxfp8", 0.75, True, (72, 72), False, True),
     # Different token counts per rank and ids outside [0, E) (dropped), no capacity.
-    ("bf16", None, True, (24, 13), True),
-    ("mxfp8", None, False, (40, 8), True),
+    ("bf16", None, True, (24, 13), True, False),
+    ("mxfp8", None, False, (40, 8), True, True),
     # Every slot routed to rank 0's experts: rank 1's experts receive no rows (empty splits, zero dW).
-    ("bf16", None, False, (24, 16), "rank0"),
-    ("mxfp8", 0.75, False, (24, 24), "rank0"),
+    ("bf16", None, False, (24, 16), "rank0", False),
+    ("mxfp8", 0.75, False, (24, 24), "rank0", True),
 ]
 DW_TOLERANCE = {"bf16": 4e-3, "mxfp8": 0.1}
 
@@ -84,14 +97,17 @@ def make_data(case_index, recipe, bias, tokens, invalid):
         full["b2"] = (torch.randn(E, H, generator=g) * 0.1).bfloat16()
     ranks = []
     for T in tokens:
-        x = torch.randn(T, H, generator=g).bfloat16()
+        x = torch.randn(T, H, generator=g)
+        if invalid == "wide":
+            x = x * torch.exp2(-14 * torch.rand(T, H, generator=g))
+        x = x.bfloat16()
         # Skewed routing (expert 0 is popular) so the capacity drops rows.
         logits = torch.randn(T, E, generator=g) + torch.tensor([1.0, 0.3, 0.0, -0.3])
         top, ids = torch.topk(logits.softmax(-1), K, dim=-1)
         probs = top / top.sum(-1, keepdim=True)
         if invalid == "rank0":
             ids = ids % (E // WORLD)
-        elif invalid:
+        elif invalid is True:
             ids[1::5, 1] = E  # dropped by permute (counted as invalid)
             ids[3, 0] = -1
         dy = torch.randn(T, H, generator=g)
@@ -115,10 +131,12 @@ def _worker(rank, init_method, backend, out_dir):
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=WORLD)
     try:
         results = []
-        for i, (recipe, factor, bias, tokens, invalid) in enumerate(CASES):
+        for i, (recipe, factor, bias, tokens, invalid, fp8) in enumerate(CASES):
             full, ranks = make_data(i, recipe, bias, tokens, invalid)
             ep = mxmoe_torch.ExpertParallelMLP.from_grouped_mlp(make_layer(full, recipe, E, device),
-                                                                capacity_factor=factor, device=device)
+                                                                capacity_factor=factor, fp8_dispatch=fp8,
+                                                                device=device)
+            assert ep.fp8_dispatch == fp8
             x, ids, probs, dy = (t.to(device) for t in ranks[rank])
             x.requires_grad_(True)
             probs.requires_grad_(True)
@@ -133,9 +151,19 @@ def _worker(rank, init_method, backend, out_dir):
         dist.destroy_process_group()
 
 
-def reference(case_index, recipe, factor, bias, tokens, invalid, device):
+def wire_rows(x):
+    """What MXFP8 dispatch delivers for bf16 rows x: dequant(quant_row(x)), with the gradient passed
+    straight through (the EP layer's backward sends the bf16 gradient back unquantized)."""
+    q, s = torch.ops.mxmoe.quantize_mxfp8(x.detach(), "row")
+    xq = torch.ops.mxmoe.dequantize_mxfp8(q, s, "row", dtype=torch.bfloat16)
+    return x + (xq - x).detach()
+
+
+def reference(case_index, recipe, factor, bias, tokens, invalid, fp8, device):
     """Single-process permute -> GroupedMLP -> unpermute on the global batch, with the slots each source
-    rank drops (capacity C per expert per rank) given an invalid id."""
+    rank drops (capacity C per expert per rank) given an invalid id; with fp8 dispatch the layer sees
+    the rows as they arrive (wire_rows; row-wise blocks are within a row, so quantizing before or
+    after the permutation is the same)."""
     full, ranks = make_data(case_index, recipe, bias, tokens, invalid)
     ids_all, dropped = [], 0
     for x, ids, _, _ in ranks:
@@ -150,7 +178,7 @@ def reference(case_index, recipe, factor, bias, tokens, invalid, device):
     dy = torch.cat([r[3] for r in ranks]).to(device)
     ids = torch.cat(ids_all).to(device)
     layer = make_layer(full, recipe, E, device)
-    p = mxmoe_torch.permute(x, ids, probs, experts=E)
+    p = mxmoe_torch.permute(wire_rows(x) if fp8 else x, ids, probs, experts=E)
     n = int(p.offsets[-1])
     y = mxmoe_torch.unpermute(layer(p.x[:n], p.offsets, p.probs[:n]), p.row_map)
     (y.float() * dy).sum().backward()
@@ -168,9 +196,9 @@ def run_and_compare(backend, tmp_path, device):
     init_method = f"tcp://127.0.0.1:{free_port()}"
     mp.spawn(_worker, args=(init_method, backend, str(tmp_path)), nprocs=WORLD, join=True)
     got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
-    for i, (recipe, factor, bias, tokens, invalid) in enumerate(CASES):
-        want, dropped = reference(i, recipe, factor, bias, tokens, invalid, device)
-        name = f"case {i} recipe={recipe} capacity_factor={factor} bias={bias} tokens={tokens}"
+    for i, (recipe, factor, bias, tokens, invalid, fp8) in enumerate(CASES):
+        want, dropped = reference(i, recipe, factor, bias, tokens, invalid, fp8, device)
+        name = f"case {i} recipe={recipe} capacity_factor={factor} bias={bias} tokens={tokens} fp8_dispatch={fp8}"
         if factor is not None:
             assert dropped > 0, f"{name}: the capacity should drop rows"
         for r in range(WORLD):
@@ -228,3 +256,73 @@ def test_needs_initialised_group():
         pytest.skip("a process group is already initialised here")
     with pytest.raises(RuntimeError, match="init_process_group"):
         mxmoe_torch.ExpertParallelMLP(H, F, E, recipe="bf16")
+
+
+def test_wire_matters():
+    """The wide-range case is one where MXFP8 dispatch changes the result: the column-wise MXFP8 copy
+    of wire_rows(x) (what the layer's dW1 reads) differs from that of x."""
+    i = next(i for i, c in enumerate(CASES) if c[4] == "wide")
+    _, ranks = make_data(i, "mxfp8", False, CASES[i][3], "wide")
+    x = torch.cat([r[0] for r in ranks])
+    ops = torch.ops.mxmoe
+    col = lambda t: ops.dequantize_mxfp8(*ops.quantize_mxfp8(t, "col"), "col", dtype=torch.float32)
+    assert not torch.equal(col(wire_rows(x)), col(x))
+
+
+def test_fp8_dispatch_needs_mxfp8_and_wire_rows_are_exact():
+    """wire_rows is idempotent in value (what the receiving layer re-quantizes gives back the same
+    values), and the bf16 recipe refuses fp8_dispatch before any exchange."""
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(37, H, generator=g) * 3).bfloat16()
+    once = wire_rows(x)
+    assert torch.equal(wire_rows(once), once)
+    assert (once.float() - x.float()).abs().max() > 0  # it is a real quantization
+    layer = make_layer({"w1": torch.zeros(2, 2 * F, H).bfloat16(), "w2": torch.zeros(2, H, F).bfloat16()}, "bf16", 2,
+                       torch.device("cpu"))
+    with pytest.raises(ValueError, match="fp8_dispatch needs the mxfp8 recipe"):
+        mxmoe_torch.expert_parallel_mlp(x, torch.zeros(37, K, dtype=torch.int64), None, layer, experts=2,
+                                        fp8_dispatch=True)
+
+
+def _bytes_worker(rank, init_method, out_dir):
+    """Counts the bytes all_to_all_single moves for one mxfp8 forward, fp8 dispatch on and off."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=WORLD)
+    try:
+        sent = []
+        real = dist.all_to_all_single
+
+        def counting(out, inp, *a, **kw):
+            sent.append(inp.numel() * inp.element_size())
+            return real(out, inp, *a, **kw)
+
+        full, ranks = make_data(0, "mxfp8", False, (24, 24), False)
+        x, ids, probs, _ = ranks[rank]
+        totals = {}
+        for fp8 in (False, True):
+            ep = mxmoe_torch.ExpertParallelMLP.from_grouped_mlp(make_layer(full, "mxfp8", E, torch.device("cpu")),
+                                                                fp8_dispatch=fp8)
+            sent.clear()
+            dist.all_to_all_single = counting
+            try:
+                with torch.no_grad():
+                    ep(x, ids, probs)
+            finally:
+                dist.all_to_all_single = real
+            totals[fp8] = list(sent)
+        torch.save(totals, os.path.join(out_dir, f"bytes{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fp8_dispatch_bytes(tmp_path):
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    mp.spawn(_bytes_worker, args=(f"tcp://127.0.0.1:{free_port()}", str(tmp_path)), nprocs=WORLD, join=True)
+    for r in range(WORLD):
+        t = torch.load(tmp_path / f"bytes{r}.pt")
+        # Exchanges in order: counts, rows (bf16: 2H a row; fp8: H, then the scale rows), probs, results.
+        rows = 24 * K  # every slot valid, no capacity
+        assert t[False][1] == rows * 2 * H, t[False]
+        assert t[True][1] == rows * H and t[True][2] == rows * ((H // 32 + 3) // 4 * 4), t[True]
+        assert len(t[True]) == len(t[False]) + 1

@@ -200,6 +200,31 @@ std::vector<Group> gemm_groups(const char* fn, const int32_t* offsets, int64_t e
 
 }  // namespace
 
+namespace {
+// D[t, c] = sum over 128-blocks b of the reduction index r < red: fma(sum_{r in b} a[t, r] w(e, c, r),
+// sa(t, b) * ws(e, c, b), acc), for the rows t of each group e (fprop: r = k, c = n; dgrad: r = n, c = k).
+template <class W, class WS>
+void gemm_m_blocks(const std::vector<float>& a, const float* sa, int64_t rows, int64_t red, int64_t cols,
+                   const std::vector<Group>& groups, W w, WS ws, float* d) {
+  const int64_t blocks = ceil_div(red, kFp8Block);
+  for (int64_t e = 0; e < static_cast<int64_t>(groups.size()); ++e) {
+    const Group g = groups[static_cast<size_t>(e)];
+#pragma omp parallel for schedule(static) if (parallel_worth(g.rows * red * cols))
+    for (int64_t t = g.begin; t < g.begin + g.rows; ++t)
+      for (int64_t c = 0; c < cols; ++c) {
+        float acc = 0.0f;
+        for (int64_t b = 0; b < blocks; ++b) {
+          float part = 0.0f;
+          for (int64_t r = b * kFp8Block; r < std::min<int64_t>(red, (b + 1) * kFp8Block); ++r)
+            part += a[static_cast<size_t>(t * red + r)] * w(e, c, r);
+          acc = std::fma(part, sa[fp8_rowwise_scale_index(t, b, rows)] * ws(e, c, b), acc);
+        }
+        d[t * cols + c] = acc;
+      }
+  }
+}
+}  // namespace
+
 void fp8_gemm_fprop(const uint8_t* qa, const float* sa, int64_t rows, int64_t k, const uint8_t* qw, const float* sw,
                     int64_t experts, int64_t n, const int32_t* offsets, float* d) {
   const char* fn = "fp8_gemm_fprop";
@@ -211,22 +236,10 @@ void fp8_gemm_fprop(const uint8_t* qa, const float* sa, int64_t rows, int64_t k,
   check_ptr(fn, d, "d", rows * n);
   const std::vector<float> a = decoded(qa, rows * k), w = decoded(qw, experts * n * k);
   const int64_t nbs = ceil_div(n, kFp8Block), kbs = ceil_div(k, kFp8Block);
-  for (int64_t e = 0; e < experts; ++e) {
-    const Group g = groups[static_cast<size_t>(e)];
-#pragma omp parallel for schedule(static) if (parallel_worth(g.rows * n * k))
-    for (int64_t t = g.begin; t < g.begin + g.rows; ++t)
-      for (int64_t c = 0; c < n; ++c) {
-        float acc = 0.0f;
-        for (int64_t kb = 0; kb < kbs; ++kb) {
-          float part = 0.0f;
-          for (int64_t i = kb * kFp8Block; i < std::min<int64_t>(k, (kb + 1) * kFp8Block); ++i)
-            part += a[static_cast<size_t>(t * k + i)] * w[static_cast<size_t>((e * n + c) * k + i)];
-          const float sc = sa[fp8_rowwise_scale_index(t, kb, rows)] * sw[(e * nbs + c / kFp8Block) * kbs + kb];
-          acc = std::fma(part, sc, acc);
-        }
-        d[t * n + c] = acc;
-      }
-  }
+  gemm_m_blocks(
+      a, sa, rows, k, n, groups,
+      [&](int64_t e, int64_t c, int64_t r) { return w[static_cast<size_t>((e * n + c) * k + r)]; },
+      [&](int64_t e, int64_t c, int64_t b) { return sw[(e * nbs + c / kFp8Block) * kbs + b]; }, d);
 }
 
 void fp8_gemm_dgrad(const uint8_t* qg, const float* sg, int64_t rows, int64_t n, const uint8_t* qw, const float* sw,
@@ -238,24 +251,12 @@ void fp8_gemm_dgrad(const uint8_t* qg, const float* sg, int64_t rows, int64_t n,
   check_ptr(fn, qg, "qg", rows * n), check_ptr(fn, sg, "sg", fp8_rowwise_scale_count(rows, n));
   check_ptr(fn, qw, "qw", experts * n * k), check_ptr(fn, sw, "sw", experts * fp8_weight_scale_count(n, k));
   check_ptr(fn, d, "d", rows * k);
-  const std::vector<float> gv = decoded(qg, rows * n), w = decoded(qw, experts * n * k);
+  const std::vector<float> g = decoded(qg, rows * n), w = decoded(qw, experts * n * k);
   const int64_t nbs = ceil_div(n, kFp8Block), kbs = ceil_div(k, kFp8Block);
-  for (int64_t e = 0; e < experts; ++e) {
-    const Group g = groups[static_cast<size_t>(e)];
-#pragma omp parallel for schedule(static) if (parallel_worth(g.rows * n * k))
-    for (int64_t t = g.begin; t < g.begin + g.rows; ++t)
-      for (int64_t c = 0; c < k; ++c) {
-        float acc = 0.0f;
-        for (int64_t jb = 0; jb < nbs; ++jb) {
-          float part = 0.0f;
-          for (int64_t j = jb * kFp8Block; j < std::min<int64_t>(n, (jb + 1) * kFp8Block); ++j)
-            part += gv[static_cast<size_t>(t * n + j)] * w[static_cast<size_t>((e * n + j) * k + c)];
-          const float sc = sg[fp8_rowwise_scale_index(t, jb, rows)] * sw[(e * nbs + jb) * kbs + c / kFp8Block];
-          acc = std::fma(part, sc, acc);
-        }
-        d[t * k + c] = acc;
-      }
-  }
+  gemm_m_blocks(
+      g, sg, rows, n, k, groups,
+      [&](int64_t e, int64_t c, int64_t r) { return w[static_cast<size_t>((e * n + r) * k + c)]; },
+      [&](int64_t e, int64_t c, int64_t b) { return sw[(e * nbs + b) * kbs + c / kFp8Block]; }, d);
 }
 
 void fp8_gemm_wgrad(const uint8_t* qa, const float* sa, int64_t m, const uint8_t* qb, const float* sb, int64_t n,

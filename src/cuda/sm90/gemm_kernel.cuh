@@ -682,10 +682,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         // Every lane's loads of the stage (FP8 A fragments, scales) before the warp's arrival
         // (compute-sanitizer racecheck flagged the scale loaders' refill against lanes that had
         // not arrived themselves).
+        // The arrival on this CTA's own barrier goes through its shared::cta address (racecheck did
+        // not take the mapa cluster address of the own barrier as ordering the warp's loads).
         __syncwarp();
         const int wl = ctid % 32;
         if (wl < kCluster) {
-          if constexpr (kCluster == 1) mbar_arrive(&empty[s]);
+          if (kCluster == 1 || static_cast<uint32_t>(wl) == rank) mbar_arrive(&empty[s]);
           else mbar_arrive_cluster(&empty[s], static_cast<uint32_t>(wl));
         }
         return;

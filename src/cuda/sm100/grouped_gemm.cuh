@@ -39,19 +39,17 @@ using ElementAccumulator = float;
 using ArchTag = cutlass::arch::Sm100;
 using OperatorClass = cutlass::arch::OpClassBlockScaledTensorOp;
 
-// ---- m-grouped (fprop, dgrad) ----
-// m-grouped MXFP8 GEMM: D[t, n] = sum_k A[t, k] * B_e[n, k] for the tokens t of expert e.
-// CUTLASS view, per group g = e: M = m_e (tokens), N = n, K = k.
-//   A: RowMajor (K-major) [m_e, K] slice of the token matrix, B_e: ColumnMajor (K-major) [N, K],
-//   D: RowMajor bf16 [m_e, N], no C (ElementC = void).
-
-template <class MmaTileShape, class ClusterShape, class KernelSchedule, class EpilogueSchedule>
-struct MGroupedConfig {
-  using LayoutA = cutlass::layout::RowMajor;
-  using LayoutB = cutlass::layout::ColumnMajor;
+// One configuration of CUTLASS's sm100 block-scaled ptr-array GEMM: A and B MXFP8 with the given
+// layouts (RowMajor A / ColumnMajor B: K-major; ColumnMajor A / RowMajor B: MN-major, the wgrad),
+// D RowMajor ElementD_, no C.
+template <class LayoutA_, class LayoutB_, class ElementD_, class MmaTileShape, class ClusterShape, class KernelSchedule,
+          class EpilogueSchedule>
+struct GroupedConfig {
+  using LayoutA = LayoutA_;
+  using LayoutB = LayoutB_;
   using LayoutD = cutlass::layout::RowMajor;
   using ElementC = void;
-  using ElementD = cutlass::bfloat16_t;
+  using ElementD = ElementD_;
   static constexpr int AlignmentA = 16;  // 128 bit of e4m3
   static constexpr int AlignmentB = 16;
   static constexpr int AlignmentC = 128 / cutlass::sizeof_bits<ElementD>::value;  // C is void: use D's
@@ -84,18 +82,9 @@ struct MGroupedConfig {
   using ElementDOut = typename Gemm::EpilogueOutputOp::ElementOutput;
 };
 
-// 1SM: 128 x 256 x 128 MMA tile, cluster 1x1x1.
-using MGrouped1Sm = MGroupedConfig<Shape<_128, _256, _128>, Shape<_1, _1, _1>,
-                                   cutlass::gemm::KernelPtrArrayTmaWarpSpecialized1SmBlockScaledSm100,
-                                   cutlass::epilogue::PtrArrayTmaWarpSpecialized1Sm>;
-// 2SM: 256 x 256 x 128 MMA tile over a 2x1x1 cluster (the pair of SMs shares one MMA).
-using MGrouped2Sm = MGroupedConfig<Shape<_256, _256, _128>, Shape<_2, _1, _1>,
-                                   cutlass::gemm::KernelPtrArrayTmaWarpSpecialized2SmBlockScaledSm100,
-                                   cutlass::epilogue::PtrArrayTmaWarpSpecialized2Sm>;
-
 // Device-side per-call argument arrays, all [num_groups].
 template <class Cfg>
-struct MGroupedDeviceArgs {
+struct GroupedDeviceArgs {
   UnderlyingShape* problem_sizes;
   typename Cfg::ElementAData const** ptr_A;
   typename Cfg::ElementBData const** ptr_B;
@@ -108,6 +97,60 @@ struct MGroupedDeviceArgs {
   typename Cfg::LayoutSFA* layout_SFA;
   typename Cfg::LayoutSFB* layout_SFB;
 };
+
+template <class Cfg>
+cutlass::Status run_grouped(GroupedDeviceArgs<Cfg> const& d, int num_groups, int sm_count, void* workspace,
+                            size_t workspace_bytes, cudaStream_t stream, dim3 cluster = dim3(1, 1, 1)) {
+  using Gemm = typename Cfg::Gemm;
+  typename Gemm::Arguments args;
+  cutlass::KernelHardwareInfo hw;
+  hw.device_id = 0;
+  hw.sm_count = sm_count;
+  hw.cluster_shape = cluster;
+  hw.cluster_shape_fallback = cluster;
+
+  decltype(args.epilogue.thread) fusion{};
+  fusion.alpha = 1.0f;
+  fusion.beta = 0.0f;
+  fusion.alpha_ptr = nullptr;
+  fusion.beta_ptr = nullptr;
+  fusion.alpha_ptr_array = nullptr;
+  fusion.beta_ptr_array = nullptr;
+  fusion.dAlpha = {_0{}, _0{}, 0};
+  fusion.dBeta = {_0{}, _0{}, 0};
+
+  args = typename Gemm::Arguments{
+      cutlass::gemm::GemmUniversalMode::kGrouped,
+      {num_groups, d.problem_sizes, /*host_problem_shapes=*/nullptr},
+      {d.ptr_A, d.stride_A, d.ptr_B, d.stride_B, d.ptr_SFA, d.layout_SFA, d.ptr_SFB, d.layout_SFB},
+      {fusion, /*ptr_C=*/nullptr, /*dC=*/nullptr, d.ptr_D, d.stride_D},
+      hw};
+
+  Gemm gemm;
+  if (Gemm::get_workspace_size(args) > workspace_bytes) return cutlass::Status::kErrorWorkspaceNull;
+  cutlass::Status s = gemm.can_implement(args);
+  if (s != cutlass::Status::kSuccess) return s;
+  s = gemm.initialize(args, workspace, stream);
+  if (s != cutlass::Status::kSuccess) return s;
+  return gemm.run(stream);
+}
+
+// ---- m-grouped (fprop, dgrad) ----
+// m-grouped MXFP8 GEMM: D[t, n] = sum_k A[t, k] * B_e[n, k] for the tokens t of expert e.
+// CUTLASS view, per group g = e: M = m_e (tokens), N = n, K = k.
+//   A: RowMajor (K-major) [m_e, K] slice of the token matrix, B_e: ColumnMajor (K-major) [N, K],
+//   D: RowMajor bf16 [m_e, N], no C (ElementC = void).
+using MGrouped1Sm =
+    GroupedConfig<cutlass::layout::RowMajor, cutlass::layout::ColumnMajor, cutlass::bfloat16_t, Shape<_128, _256, _128>,
+                  Shape<_1, _1, _1>, cutlass::gemm::KernelPtrArrayTmaWarpSpecialized1SmBlockScaledSm100,
+                  cutlass::epilogue::PtrArrayTmaWarpSpecialized1Sm>;
+// 2SM: 256 x 256 x 128 MMA tile over a 2x1x1 cluster (the pair of SMs shares one MMA).
+using MGrouped2Sm =
+    GroupedConfig<cutlass::layout::RowMajor, cutlass::layout::ColumnMajor, cutlass::bfloat16_t, Shape<_256, _256, _128>,
+                  Shape<_2, _1, _1>, cutlass::gemm::KernelPtrArrayTmaWarpSpecialized2SmBlockScaledSm100,
+                  cutlass::epilogue::PtrArrayTmaWarpSpecialized2Sm>;
+template <class Cfg>
+using MGroupedDeviceArgs = GroupedDeviceArgs<Cfg>;
 
 // One block, one thread per group (E <= 1024): exclusive scan of the token counts, then every
 // per-group pointer / stride / scale layout. A [T, K] e4m3 row-major, SFA laid out per group
@@ -148,38 +191,7 @@ __global__ void mgrouped_prepare(MGroupedDeviceArgs<Cfg> a, int const* counts, i
 template <class Cfg>
 cutlass::Status run_mgrouped(MGroupedDeviceArgs<Cfg> const& d, int num_groups, int sm_count, void* workspace,
                              size_t workspace_bytes, cudaStream_t stream, dim3 cluster = dim3(1, 1, 1)) {
-  using Gemm = typename Cfg::Gemm;
-  typename Gemm::Arguments args;
-  cutlass::KernelHardwareInfo hw;
-  hw.device_id = 0;
-  hw.sm_count = sm_count;
-  hw.cluster_shape = cluster;
-  hw.cluster_shape_fallback = cluster;
-
-  decltype(args.epilogue.thread) fusion{};
-  fusion.alpha = 1.0f;
-  fusion.beta = 0.0f;
-  fusion.alpha_ptr = nullptr;
-  fusion.beta_ptr = nullptr;
-  fusion.alpha_ptr_array = nullptr;
-  fusion.beta_ptr_array = nullptr;
-  fusion.dAlpha = {_0{}, _0{}, 0};
-  fusion.dBeta = {_0{}, _0{}, 0};
-
-  args = typename Gemm::Arguments{
-      cutlass::gemm::GemmUniversalMode::kGrouped,
-      {num_groups, d.problem_sizes, /*host_problem_shapes=*/nullptr},
-      {d.ptr_A, d.stride_A, d.ptr_B, d.stride_B, d.ptr_SFA, d.layout_SFA, d.ptr_SFB, d.layout_SFB},
-      {fusion, /*ptr_C=*/nullptr, /*dC=*/nullptr, d.ptr_D, d.stride_D},
-      hw};
-
-  Gemm gemm;
-  if (Gemm::get_workspace_size(args) > workspace_bytes) return cutlass::Status::kErrorWorkspaceNull;
-  cutlass::Status s = gemm.can_implement(args);
-  if (s != cutlass::Status::kSuccess) return s;
-  s = gemm.initialize(args, workspace, stream);
-  if (s != cutlass::Status::kSuccess) return s;
-  return gemm.run(stream);
+  return run_grouped<Cfg>(d, num_groups, sm_count, workspace, workspace_bytes, stream, cluster);
 }
 
 // ---- k-grouped (wgrad) ----
@@ -188,63 +200,12 @@ cutlass::Status run_mgrouped(MGroupedDeviceArgs<Cfg> const& d, int num_groups, i
 //   A: [t_e, M] slice, M contiguous  -> CUTLASS A (M,K) MN-major = layout::ColumnMajor
 //   B: [t_e, N] slice, N contiguous  -> CUTLASS B (N,K) MN-major = layout::RowMajor
 //   scales: one per 32 tokens (along K), D_e: fp32 RowMajor [M, N], no C.
-
-template <class MmaTileShape, class ClusterShape, class KernelSchedule, class EpilogueSchedule>
-struct KGroupedConfig {
-  using LayoutA = cutlass::layout::ColumnMajor;
-  using LayoutB = cutlass::layout::RowMajor;
-  using LayoutD = cutlass::layout::RowMajor;
-  using ElementC = void;
-  using ElementD = float;
-  static constexpr int AlignmentA = 16;
-  static constexpr int AlignmentB = 16;
-  static constexpr int AlignmentC = 128 / cutlass::sizeof_bits<ElementD>::value;
-  static constexpr int AlignmentD = 128 / cutlass::sizeof_bits<ElementD>::value;
-
-  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      ArchTag, OperatorClass, MmaTileShape, ClusterShape, cutlass::epilogue::collective::EpilogueTileAuto,
-      ElementAccumulator, ElementAccumulator, ElementC, LayoutD*, AlignmentC, ElementD, LayoutD*, AlignmentD,
-      EpilogueSchedule>::CollectiveOp;
-
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      ArchTag, OperatorClass, ElementA, LayoutA*, AlignmentA, ElementB, LayoutB*, AlignmentB, ElementAccumulator,
-      MmaTileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      KernelSchedule>::CollectiveOp;
-
-  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
-  using StrideA = typename GemmKernel::InternalStrideA;
-  using StrideB = typename GemmKernel::InternalStrideB;
-  using StrideD = typename GemmKernel::InternalStrideD;
-  using LayoutSFA = typename CollectiveMainloop::InternalLayoutSFA;
-  using LayoutSFB = typename CollectiveMainloop::InternalLayoutSFB;
-  using Sm1xxBlkScaledConfig = typename CollectiveMainloop::Sm1xxBlkScaledConfig;
-  using ElementSF = typename GemmKernel::ElementSF;
-  using ElementAData = typename Gemm::ElementA;
-  using ElementBData = typename Gemm::ElementB;
-  using ElementDOut = typename Gemm::EpilogueOutputOp::ElementOutput;
-};
-
-using KGrouped1Sm = KGroupedConfig<Shape<_128, _128, _128>, Shape<_1, _1, _1>,
-                                   cutlass::gemm::KernelPtrArrayTmaWarpSpecialized1SmBlockScaledSm100,
-                                   cutlass::epilogue::PtrArrayTmaWarpSpecialized1Sm>;
-
+using KGrouped1Sm =
+    GroupedConfig<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, float, Shape<_128, _128, _128>,
+                  Shape<_1, _1, _1>, cutlass::gemm::KernelPtrArrayTmaWarpSpecialized1SmBlockScaledSm100,
+                  cutlass::epilogue::PtrArrayTmaWarpSpecialized1Sm>;
 template <class Cfg>
-struct KGroupedDeviceArgs {
-  UnderlyingShape* problem_sizes;
-  typename Cfg::ElementAData const** ptr_A;
-  typename Cfg::ElementBData const** ptr_B;
-  typename Cfg::ElementSF const** ptr_SFA;
-  typename Cfg::ElementSF const** ptr_SFB;
-  typename Cfg::ElementDOut** ptr_D;
-  typename Cfg::StrideA* stride_A;
-  typename Cfg::StrideB* stride_B;
-  typename Cfg::StrideD* stride_D;
-  typename Cfg::LayoutSFA* layout_SFA;
-  typename Cfg::LayoutSFB* layout_SFB;
-};
+using KGroupedDeviceArgs = GroupedDeviceArgs<Cfg>;
 
 // A [T, M] e4m3, B [T, N] e4m3 (token-major), column-wise scales per group: group g's scale chunk
 // starts at scale row s_g = sum_{h<g} roundup(ceil(t_h/32), 4); row width roundup(M,128) (SFA) or
@@ -286,29 +247,7 @@ __global__ void kgrouped_prepare(KGroupedDeviceArgs<Cfg> a, int const* counts, i
 template <class Cfg>
 cutlass::Status run_kgrouped(KGroupedDeviceArgs<Cfg> const& d, int num_groups, int sm_count, void* workspace,
                              size_t workspace_bytes, cudaStream_t stream) {
-  using Gemm = typename Cfg::Gemm;
-  typename Gemm::Arguments args;
-  cutlass::KernelHardwareInfo hw;
-  hw.device_id = 0;
-  hw.sm_count = sm_count;
-  decltype(args.epilogue.thread) fusion{};
-  fusion.alpha = 1.0f;
-  fusion.beta = 0.0f;
-  fusion.dAlpha = {_0{}, _0{}, 0};
-  fusion.dBeta = {_0{}, _0{}, 0};
-  args = typename Gemm::Arguments{
-      cutlass::gemm::GemmUniversalMode::kGrouped,
-      {num_groups, d.problem_sizes, nullptr},
-      {d.ptr_A, d.stride_A, d.ptr_B, d.stride_B, d.ptr_SFA, d.layout_SFA, d.ptr_SFB, d.layout_SFB},
-      {fusion, nullptr, nullptr, d.ptr_D, d.stride_D},
-      hw};
-  Gemm gemm;
-  if (Gemm::get_workspace_size(args) > workspace_bytes) return cutlass::Status::kErrorWorkspaceNull;
-  cutlass::Status s = gemm.can_implement(args);
-  if (s != cutlass::Status::kSuccess) return s;
-  s = gemm.initialize(args, workspace, stream);
-  if (s != cutlass::Status::kSuccess) return s;
-  return gemm.run(stream);
+  return run_grouped<Cfg>(d, num_groups, sm_count, workspace, workspace_bytes, stream, dim3(1, 1, 1));
 }
 
 }  // namespace mxmoe::cuda::sm100

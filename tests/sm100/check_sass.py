@@ -51,4 +51,5 @@ def main(objects):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    # CTest passes $<TARGET_OBJECTS:...> as one ;-separated argument.
+    sys.exit(main([p for a in sys.argv[1:] for p in a.split(";") if p]))

@@ -43,7 +43,7 @@ the summation order of zero terms).
 
 Recipes: "bf16" and "mxfp8". With "mxfp8" the rows travel as row-wise MXFP8 by default
 (fp8_dispatch): the sender quantizes its permuted rows (E4M3 and one E8M0 scale per 32 values,
-docs/numerics.md), both go through all_to_all_single (H + H/32 bytes a row instead of 2H), and the
+docs/numerics.md), both go through all_to_all_single (H + roundup(H/32, 4) bytes a row instead of 2H), and the
 receiver dequantizes them to bf16 (exact) for its GroupedMLP. So the layer sees x' =
 dequant(quant_row(x)) instead of x: its row-wise MXFP8 copy of x' has the same values as that of x,
 and its column-wise copy (for dW1) is quantized from x'. The gradient passes the quantization

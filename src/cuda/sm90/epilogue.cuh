@@ -9,6 +9,8 @@
 // the portable epilogues (same formulas, from src/common/glu.h); only the fp32 summation order of
 // partial sums differs between backends.
 #pragma once
+#include <type_traits>
+
 #include "mxmoe/numerics.h"
 #include "src/common/glu.h"
 
@@ -490,18 +492,29 @@ __device__ __forceinline__ void epilogue_glu_backward_impl(const KernelParams& p
   }
 }
 
+// Calls f(activation, db1) with both as compile-time constants (std::integral_constant): the GLU
+// backward epilogues are instantiated per activation and per whether db1 is asked for, one branch
+// per tile.
+template <class F>
+__device__ __forceinline__ void with_glu_backward_kind(const KernelParams& p, F&& f) {
+  using kSwiglu = std::integral_constant<Activation, Activation::swiglu>;
+  using kClamped = std::integral_constant<Activation, Activation::clamped_swiglu>;
+  const bool db1 = p.ws_db1 != nullptr;
+  if (p.glu.activation == Activation::swiglu) {
+    if (db1) f(kSwiglu{}, std::true_type{});
+    else f(kSwiglu{}, std::false_type{});
+  } else {
+    if (db1) f(kClamped{}, std::true_type{});
+    else f(kClamped{}, std::false_type{});
+  }
+}
+
 template <int BN>
 __device__ __forceinline__ void epilogue_glu_backward(const KernelParams& p, const Tile& t, int cw, int ctid,
                                                       const float (&acc)[BN / 2], float* col_sums, Stage st) {
-  constexpr Activation kSwiglu = Activation::swiglu, kClamped = Activation::clamped_swiglu;
-  const bool db1 = p.ws_db1 != nullptr;
-  if (p.glu.activation == kSwiglu) {
-    if (db1) epilogue_glu_backward_impl<BN, kSwiglu, true>(p, t, cw, ctid, acc, col_sums, st);
-    else epilogue_glu_backward_impl<BN, kSwiglu, false>(p, t, cw, ctid, acc, col_sums, st);
-  } else {
-    if (db1) epilogue_glu_backward_impl<BN, kClamped, true>(p, t, cw, ctid, acc, col_sums, st);
-    else epilogue_glu_backward_impl<BN, kClamped, false>(p, t, cw, ctid, acc, col_sums, st);
-  }
+  with_glu_backward_kind(p, [&](auto act, auto db1) {
+    epilogue_glu_backward_impl<BN, decltype(act)::value, decltype(db1)::value>(p, t, cw, ctid, acc, col_sums, st);
+  });
 }
 
 // ---- Epilogue warps (Epi::glu_backward_ew) ---------------------------------------------------
@@ -630,15 +643,9 @@ __device__ __forceinline__ void epilogue_warps_impl(const KernelParams& p, const
 template <int BN>
 __device__ __forceinline__ void epilogue_warps_glu_backward(const KernelParams& p, const Tile& t, int ew, int lane,
                                                             uint8_t* epi) {
-  constexpr Activation kSwiglu = Activation::swiglu, kClamped = Activation::clamped_swiglu;
-  const bool db1 = p.ws_db1 != nullptr;
-  if (p.glu.activation == kSwiglu) {
-    if (db1) epilogue_warps_impl<BN, kSwiglu, true>(p, t, ew, lane, epi);
-    else epilogue_warps_impl<BN, kSwiglu, false>(p, t, ew, lane, epi);
-  } else {
-    if (db1) epilogue_warps_impl<BN, kClamped, true>(p, t, ew, lane, epi);
-    else epilogue_warps_impl<BN, kClamped, false>(p, t, ew, lane, epi);
-  }
+  with_glu_backward_kind(p, [&](auto act, auto db1) {
+    epilogue_warps_impl<BN, decltype(act)::value, decltype(db1)::value>(p, t, ew, lane, epi);
+  });
 }
 
 // epi: the epilogue's shared memory (Cfg::kEpiBytes): the two warp groups' stages, then

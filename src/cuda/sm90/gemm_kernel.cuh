@@ -80,7 +80,7 @@ struct KernelConfig {
   // 2kb + 1), then (FP8 B) B [BN rows] u16 (row-wise) or [2 blocks][BN columns] bytes (column-wise).
   static constexpr int kScaleBytes = kMx ? 2 * kBlockM + (kMxB ? 2 * kBlockN : 0) : 0;
   // The epilogue's shared memory (epilogue.cuh): a 64-row x 256-byte output stage per consumer warp
-  // group; glu_backward: 512-byte rows and the db1 column partials.
+  // group; glu_backward: two such buffers per warp group and the db1 column partials;
   // glu_backward_ew: the fp32 hand-off tile (128 x BN) and the epilogue warps' db1 partials.
   static constexpr int kEpiBytes = E_ == Epi::glu_backward      ? kGluBwdEpiBytes
                                    : E_ == Epi::glu_backward_ew ? kEwEpiBytes<BN_>

@@ -239,18 +239,19 @@ void finish_gemm_m(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t s
 }
 
 namespace {
+// Whether environment variable `name` is set to `value` (the backend's opt-in switches).
+bool env_is(const char* name, const char* value) {
+  const char* e = std::getenv(name);
+  return e != nullptr && std::string(e) == value;
+}
 bool fc2_dgrad_epilogue_warps() {
-  static const bool v = [] {
-    const char* e = std::getenv("MXMOE_SM90_FC2_DGRAD");
-    return e != nullptr && std::string(e) == "ew";
-  }();
+  static const bool v = env_is("MXMOE_SM90_FC2_DGRAD", "ew");
   return v;
 }
 // The epilogue warps load the saved C and store dC in 16-byte pieces of rows.
 bool epilogue_warps_take(const detail::MGemmStep& s) {
   if (!fc2_dgrad_epilogue_warps() || s.epilogue != detail::Epilogue::glu_backward || s.gemm.a.is_mxfp8()) return false;
-  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return s.ffn % 8 == 0 && aligned16(s.c.data) && aligned16(s.out_bf16.data);
+  return s.ffn % 8 == 0 && tma_aligned(s.c.data) && tma_aligned(s.out_bf16.data);
 }
 
 // Runs a step whose B is BF16 (A BF16 or MXFP8) or, with the store epilogue, MXFP8 on both sides.
@@ -292,10 +293,7 @@ void run_gemm_m(const detail::MGemmStep& s, cudaStream_t stream) {
 }  // namespace
 
 bool fp8_b_in_kernel() {
-  static const bool v = [] {
-    const char* e = std::getenv("MXMOE_SM90_FP8_B");
-    return e != nullptr && std::string(e) == "convert";
-  }();
+  static const bool v = env_is("MXMOE_SM90_FP8_B", "convert");
   return v;
 }
 

@@ -39,7 +39,7 @@ MXMOE_HD float fp8_block_decode(uint8_t q, float s_inv) { return e4m3_to_f32(q) 
 // ---- where the scales live (fp32) ----
 // Row-wise activations [T, K] (1x128 along K): MN-major [ceil(K/128)][roundup(T, 4)], the layout a
 // kernel loads a k-block's 128 row scales from with one 16-byte-aligned TMA box; padding is 0.
-MXMOE_HD int64_t fp8_rowwise_pitch(int64_t rows) { return (rows + 3) / 4 * 4; }
+MXMOE_HD int64_t fp8_rowwise_pitch(int64_t rows) { return round_up(rows, 4); }
 MXMOE_HD int64_t fp8_rowwise_scale_count(int64_t rows, int64_t k) {
   return ceil_div(k, kFp8Block) * fp8_rowwise_pitch(rows);
 }

@@ -591,13 +591,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], Cfg::kMx ? 1 + kLoaderThreads : 1);  // the TMA producer (and the MXFP8 scale loaders)
       // BF16: one arrival per consumer warp group of the pair (wgmma read the stage; wgmma.wait_group
-      // retired it for the whole warp group). MXFP8: one per consumer warp (each warp read A and
-      // the scales with ordinary loads, which only its own arrival orders before the refill).
-      mbar_init(&empty[s], (Cfg::kMx ? 8 : 2) * kCluster);
+      // retired it for the whole warp group). MXFP8: every consumer thread of this CTA (each read A
+      // and the scales with ordinary loads, which only its own arrival orders before the refill, as
+      // racecheck sees it) and one per consumer warp of the peer.
+      mbar_init(&empty[s], Cfg::kMx ? kConsumerThreads + 8 * (kCluster - 1) : 2 * kCluster);
     }
     if constexpr (Cfg::kEpi == Epi::glu_backward_ew) {
-      mbar_init(&hand[0], 8);         // one arrival per consumer warp
-      mbar_init(&hand[1], kEwWarps);  // one per epilogue warp
+      // Every thread that wrote (consumers) or read (epilogue warps) the hand-off tile arrives.
+      mbar_init(&hand[0], kConsumerThreads);
+      mbar_init(&hand[1], 32 * kEwWarps);
     }
     fence_barrier_init();
     tma_prefetch_desc(&tma_a);
@@ -643,8 +645,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (!t.live) continue;
           mbar_wait(&hand[0], hphase);
           epilogue_warps_glu_backward<BN>(p, t, threadIdx.x / 32 - 1, threadIdx.x % 32, epi_smem);
-          __syncwarp();
-          if (threadIdx.x % 32 == 0) mbar_arrive(&hand[1]);
+          mbar_arrive(&hand[1]);
           hphase ^= 1;
         }
       }
@@ -679,16 +680,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     // multicast must not overtake: release at cluster scope then.
     auto release = [&](int s, bool zeroed) {
       if constexpr (Cfg::kMx) {
-        // Every lane's loads of the stage (FP8 A fragments, scales) before the warp's arrival
-        // (compute-sanitizer racecheck flagged the scale loaders' refill against lanes that had
-        // not arrived themselves).
-        // The arrival on this CTA's own barrier goes through its shared::cta address (racecheck did
-        // not take the mapa cluster address of the own barrier as ordering the warp's loads).
-        __syncwarp();
-        const int wl = ctid % 32;
-        if (wl < kCluster) {
-          if (kCluster == 1 || static_cast<uint32_t>(wl) == rank) mbar_arrive(&empty[s]);
-          else mbar_arrive_cluster(&empty[s], static_cast<uint32_t>(wl));
+        // Every thread arrives on this CTA's barrier (shared::cta address) after its loads of the
+        // stage (FP8 A fragments, scales): racecheck flagged the scale loaders' refill against
+        // lanes that had not arrived themselves, after __syncwarp and one lane's arrival too. The
+        // peer's barrier gets one arrival per warp (its refill is the multicast TMA).
+        mbar_arrive(&empty[s]);
+        if constexpr (kCluster > 1) {
+          __syncwarp();
+          const int wl = ctid % 32;
+          if (wl < kCluster && static_cast<uint32_t>(wl) != rank) mbar_arrive_cluster(&empty[s], static_cast<uint32_t>(wl));
         }
         return;
       }
@@ -868,8 +868,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           // go on to the next tile.
           mbar_wait(&hand[1], hphase ^ 1);
           hand_off_tile<BN>(cw, ctid, acc, epi_smem);
-          __syncwarp();
-          if (ctid % 32 == 0) mbar_arrive(&hand[0]);
+          mbar_arrive(&hand[0]);
           hphase ^= 1;
         }
       } else if (t.live) {

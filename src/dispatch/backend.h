@@ -167,5 +167,6 @@ Backend& select(Context& ctx, const StepQuery& q, const std::string& label);
 Backend* cpu_backend();
 Backend* cuda_portable_backend();
 Backend* cuda_sm90_backend();
+Backend* cuda_sm100_backend();
 
 }  // namespace mxmoe::detail

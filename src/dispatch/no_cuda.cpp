@@ -27,6 +27,10 @@ Backend* cuda_sm90_backend() {
   static UnbuiltBackend b("cuda_sm90");
   return &b;
 }
+Backend* cuda_sm100_backend() {
+  static UnbuiltBackend b("cuda_sm100");
+  return &b;
+}
 
 }  // namespace detail
 

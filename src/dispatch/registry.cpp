@@ -1,4 +1,4 @@
-// Backend registry and per-step selection. Preference order: cuda_sm90, cuda_portable, cpu.
+// Backend registry and per-step selection. Preference order: cuda_sm100, cuda_sm90, cuda_portable, cpu.
 #include <string>
 
 #include "src/dispatch/backend.h"
@@ -31,7 +31,7 @@ namespace {
 std::vector<Backend*>& registry() {
   static std::vector<Backend*> list = [] {
     std::vector<Backend*> v;
-    for (Backend* b : {cuda_sm90_backend(), cuda_portable_backend(), cpu_backend()})
+    for (Backend* b : {cuda_sm100_backend(), cuda_sm90_backend(), cuda_portable_backend(), cpu_backend()})
       if (b) v.push_back(b);
     return v;
   }();

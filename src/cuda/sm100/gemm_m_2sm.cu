@@ -3,10 +3,5 @@
 #include "src/cuda/sm100/grouped_gemm.cuh"
 
 namespace mxmoe::cuda::sm100 {
-template __global__ void mgrouped_prepare<MGrouped2Sm>(MGroupedDeviceArgs<MGrouped2Sm>, int const*, int, int, int,
-                                                       MGrouped2Sm::ElementAData const*, MGrouped2Sm::ElementSF const*,
-                                                       MGrouped2Sm::ElementBData const*, MGrouped2Sm::ElementSF const*,
-                                                       MGrouped2Sm::ElementDOut*);
-template cutlass::Status run_mgrouped<MGrouped2Sm>(MGroupedDeviceArgs<MGrouped2Sm> const&, int, int, void*, size_t,
-                                                   cudaStream_t, dim3);
+void run_mgrouped_2sm(const MGroupedOperands& op, cudaStream_t stream) { run_mgrouped<MGrouped2Sm>(op, stream); }
 }  // namespace mxmoe::cuda::sm100

@@ -32,7 +32,7 @@ using GluFwd = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::glu_fo
 using GluBwd = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair>;
 using GluBwdNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair>;
 // FC2 dgrad with the epilogue on warps 1-3 of the producer warp group (epilogue.cuh "Epilogue
-// warps"), taken only with MXMOE_SM90_FC2_DGRAD=ew until measured against GluBwd.
+// warps"); when it is taken: epilogue_warps_take.
 constexpr int kEwN = 192;
 using GluBwdEw = KernelConfig<kEwN, Major::k, Major::mn, Grouping::m, Epi::glu_backward_ew, kPair>;
 // The MXFP8 configurations live in gemm_m_mx.cu (launch_gemm_m_mx), a translation unit of their own.
@@ -244,14 +244,35 @@ bool env_is(const char* name, const char* value) {
   const char* e = std::getenv(name);
   return e != nullptr && std::string(e) == value;
 }
-bool fc2_dgrad_epilogue_warps() {
-  static const bool v = env_is("MXMOE_SM90_FC2_DGRAD", "ew");
+// MXMOE_SM90_FC2_DGRAD: "ew" takes the epilogue warps wherever they can run, "glu" never; unset,
+// the measured rule below.
+enum class EwChoice { measured, always, never };
+EwChoice fc2_dgrad_choice() {
+  static const EwChoice v = env_is("MXMOE_SM90_FC2_DGRAD", "ew")    ? EwChoice::always
+                            : env_is("MXMOE_SM90_FC2_DGRAD", "glu") ? EwChoice::never
+                                                                    : EwChoice::measured;
   return v;
 }
-// The epilogue warps load the saved C and store dC in 16-byte pieces of rows.
+// The epilogue warps load the saved C and store dC in 16-byte pieces of rows. Their tile is
+// 128 x 192 (the 128 x 192 fp32 hand-off tile and the ring share the 227 KB); at equal tiles they
+// are 7-11% faster than the in-line epilogue, but the in-line 128 x 256 tile is faster still where 256
+// divides the width. FC2 dgrad, ms (bench/sm90_kernels.cu, MXMOE_KB_LAYER_ONLY=ew, H200, session 8):
+//   preset (2F)           128x256 in-line  128x192 in-line  128x192 epilogue warps
+//   gptoss-120b (5760)    1.187            1.202            1.101
+//   dsv3 (4096)           1.498            1.804            1.682
+//   qwen3-30b (1536)      0.594            0.632            0.664
+//   mixtral (28672)       3.028            3.533            3.152
+// So they are taken where 192 divides the width and 256 does not.
 bool epilogue_warps_take(const detail::MGemmStep& s) {
-  if (!fc2_dgrad_epilogue_warps() || s.epilogue != detail::Epilogue::glu_backward || s.gemm.a.is_mxfp8()) return false;
-  return s.ffn % 8 == 0 && tma_aligned(s.c.data) && tma_aligned(s.out_bf16.data);
+  if (s.epilogue != detail::Epilogue::glu_backward || s.gemm.a.is_mxfp8()) return false;
+  if (!(s.ffn % 8 == 0 && tma_aligned(s.c.data) && tma_aligned(s.out_bf16.data))) return false;
+  const int64_t width = 2 * s.ffn;
+  switch (fc2_dgrad_choice()) {
+    case EwChoice::always: return true;
+    case EwChoice::never: return false;
+    case EwChoice::measured: break;
+  }
+  return width % kEwN == 0 && width % kWideN != 0;
 }
 
 // Runs a step whose B is BF16 (A BF16 or MXFP8) or, with the store epilogue, MXFP8 on both sides.

@@ -1,0 +1,94 @@
+// Registry entry of cuda_sm100, the Blackwell MXFP8 path (CUTLASS block-scaled grouped GEMMs in this
+// folder). Registered first, so dispatch asks it first; everything it does not take (BF16, the GLU
+// epilogues and biases, the quantizers, permute) is refused by its probe with the reason and runs on
+// the next backend. These kernels have never run on Blackwell hardware in this project, so on a
+// compute capability 10.0 device the first probe runs a small fixed problem through them and through
+// cuda_portable (self_check.cpp) and the backend is available only if they agree; the verdict, with
+// its numbers, is cached per device and is the reason `mxmoe info` and every report show. Any other
+// device, or a build without the kernels, is refused up front, saying why.
+#include "src/cuda/common/device_facts.h"
+#include "src/cuda/sm100/probe.h"
+#include "src/dispatch/refusing_backend.h"
+#if defined(MXMOE_WITH_SM100)
+#include "src/cuda/sm100/sm100_ops.h"
+#endif
+
+namespace mxmoe {
+namespace cuda::sm100 {
+namespace {
+
+#if defined(MXMOE_WITH_SM100)
+constexpr const char* kBuildProblem = "";
+#elif defined(MXMOE_SM100_MISSING)
+constexpr const char* kBuildProblem = "not built: " MXMOE_SM100_MISSING;
+#else
+constexpr const char* kBuildProblem = "not built";
+#endif
+
+class CudaSm100Backend final : public detail::RefusingBackend {
+ public:
+  CudaSm100Backend()
+      : RefusingBackend(*kBuildProblem ? kBuildProblem : "no sm100 kernel for this step; the next backend serves it") {}
+  const char* name() const override { return "cuda_sm100"; }
+
+  detail::Probe probe_device(Device d) const override {
+    if (d.type != DeviceType::cuda) return {false, "data is in host memory"};
+    const DeviceFacts& f = device_facts(d.index);
+    if (std::string why = device_refusal(f, kBuildProblem); !why.empty()) return {false, why};
+#if defined(MXMOE_WITH_SM100)
+    if (std::string why = kernel_image_problem(d.index); !why.empty()) return {false, why};
+    const detail::Probe v = verdicts_.get(d.index, [&] { return run_self_check(d.index); });
+    if (!v.available) return v;
+    return {true, f.name + " (" + f.cc() + "), CUTLASS block-scaled MXFP8 grouped GEMMs; " + v.reason};
+#else
+    return {false, kBuildProblem};
+#endif
+  }
+
+  detail::Probe probe(const detail::StepQuery& q) const override {
+#if defined(MXMOE_WITH_SM100)
+    std::string why;
+    switch (q.step) {
+      case detail::Step::gemm_m:
+        if (q.gemm_m == nullptr) return {false, "internal: the dispatch query carries no m-grouped step"};
+        why = gemm_m_refusal(*q.gemm_m);
+        return {why.empty(), why};
+      case detail::Step::gemm_k:
+        if (q.gemm_k == nullptr) return {false, "internal: the dispatch query carries no k-grouped step"};
+        why = gemm_k_refusal(*q.gemm_k);
+        return {why.empty(), why};
+      case detail::Step::quantize:
+      case detail::Step::dequantize:
+      case detail::Step::quantize_experts:
+        return {false, "no sm100 quantizer of its own: cuda_portable's one-pass quantizer serves it"};
+      case detail::Step::fc2_bias_grads:
+        return {false, "a memory-bound column reduction: cuda_portable's kernel serves it"};
+      case detail::Step::route_tokens:
+      case detail::Step::permute_rows:
+      case detail::Step::unpermute_rows:
+        return {false, "token permute/unpermute is not implemented on this backend"};
+    }
+    return {false, "unknown step"};
+#else
+    return {false, kBuildProblem};
+#endif
+  }
+
+#if defined(MXMOE_WITH_SM100)
+  void gemm_m(Context& c, const detail::MGemmStep& s) override { sm100::gemm_m(s, c.options().stream); }
+  void gemm_k(Context& c, const KGroupedGemmArgs& a) override { sm100::gemm_k(a, c.options().stream); }
+
+ private:
+  mutable VerdictCache verdicts_;
+#endif
+};
+
+}  // namespace
+}  // namespace cuda::sm100
+
+detail::Backend* detail::cuda_sm100_backend() {
+  static cuda::sm100::CudaSm100Backend b;
+  return &b;
+}
+
+}  // namespace mxmoe

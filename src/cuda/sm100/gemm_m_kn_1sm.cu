@@ -1,0 +1,8 @@
+// cuda_sm100: the m-grouped MXFP8 GEMM with B_e stored [K, N] (dgrad: the layer's weights read
+// transposed, MN-major B, column-wise scales), 1-SM schedule, 128 x 256 x 128 tiles.
+// One explicit instantiation per translation unit (about 1.5 min of nvcc each on 2 cores).
+#include "src/cuda/sm100/grouped_gemm.cuh"
+
+namespace mxmoe::cuda::sm100 {
+void run_mgrouped_kn_1sm(const MGroupedOperands& op, cudaStream_t stream) { run_mgrouped<MGroupedKn1Sm>(op, stream); }
+}  // namespace mxmoe::cuda::sm100

@@ -257,16 +257,17 @@ EwChoice fc2_dgrad_choice() {
 // 128 x 192 (the 128 x 192 fp32 hand-off tile and the ring share the 227 KB); at equal tiles they
 // are 7-11% faster than the in-line epilogue, but the in-line 128 x 256 tile is faster still where 256
 // divides the width. FC2 dgrad, ms (bench/sm90_kernels.cu, MXMOE_KB_LAYER_ONLY=ew, H200, session 8):
-//   preset (2F)           128x256 in-line  128x192 in-line  128x192 epilogue warps
-//   gptoss-120b (5760)    1.187            1.202            1.101
-//   dsv3 (4096)           1.498            1.804            1.682
-//   qwen3-30b (1536)      0.594            0.632            0.664
-//   mixtral (28672)       3.028            3.533            3.152
-// So they are taken where 192 divides the width and 256 does not.
+//   preset (F)            128x256 in-line  128x192 in-line  128x192 epilogue warps
+//   gptoss-120b (2880)    1.187            1.202            1.101
+//   dsv3 (2048)           1.498            1.804            1.682
+//   qwen3-30b (768)       0.594            0.632            0.664
+//   mixtral (14336)       3.028            3.533            3.152
+// So they are taken where 192 divides the width F (the GEMM's N: dH, before the GLU backward makes
+// dC [T, 2F] of it) and 256 does not.
 bool epilogue_warps_take(const detail::MGemmStep& s) {
   if (s.epilogue != detail::Epilogue::glu_backward || s.gemm.a.is_mxfp8()) return false;
   if (!(s.ffn % 8 == 0 && tma_aligned(s.c.data) && tma_aligned(s.out_bf16.data))) return false;
-  const int64_t width = 2 * s.ffn;
+  const int64_t width = detail::gemm_width(s);
   switch (fc2_dgrad_choice()) {
     case EwChoice::always: return true;
     case EwChoice::never: return false;

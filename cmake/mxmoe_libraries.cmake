@@ -1,8 +1,11 @@
-# The two libraries made of the objects of mxmoe_objects (and mxmoe_sm90 where it is built); see the
+# The two libraries made of the objects of mxmoe_objects (and mxmoe_sm90 / mxmoe_sm100 where they are built); see the
 # comment above mxmoe_objects in CMakeLists.txt. Nothing is compiled here, only archived and linked.
 set(MXMOE_LIBRARY_OBJECTS $<TARGET_OBJECTS:mxmoe_objects>)
 if(TARGET mxmoe_sm90)
   list(APPEND MXMOE_LIBRARY_OBJECTS $<TARGET_OBJECTS:mxmoe_sm90>)
+endif()
+if(TARGET mxmoe_sm100)
+  list(APPEND MXMOE_LIBRARY_OBJECTS $<TARGET_OBJECTS:mxmoe_sm100>)
 endif()
 
 # mxmoe_core: every symbol, for the tests, the CLI and the PyTorch extension (not installed). It

@@ -4,7 +4,10 @@ object shows UTCQMMA (the 2-SM kernel UTCQMMA.2CTA) and the scale-factor copies 
 (UTCCP). cuobjdump and nvdisasm come from the toolkit or from the pinned PyPI wheels that
 scripts/setup.sh installs into .venv (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm).
 
-    check_sass.py OBJECT...      (exit 0: every object has them; 1: one lacks them; 77: no cuobjdump)
+    check_sass.py OBJECT...      (exit 0: every GEMM object has them; 1: one lacks them; 77: no cuobjdump)
+
+Only the GEMM translation units (gemm_m_*sm.cu, gemm_k_*sm.cu) are checked; the others (the host
+entries, the scale repack) carry no MMA.
 """
 import glob
 import os
@@ -25,7 +28,14 @@ def find_tools():
     return None
 
 
+GEMM_OBJECT = re.compile(r"^gemm_[mk]_\w*sm\.cu\.o(bj)?$")
+
+
 def main(objects):
+    objects = [o for o in objects if GEMM_OBJECT.match(os.path.basename(o))]
+    if not objects:
+        print("no GEMM object (gemm_[mk]_*sm.cu) among the arguments")
+        return 1
     tools = find_tools()
     if tools is None:
         print("SKIPPED: no cuobjdump + nvdisasm (toolkit or .venv wheels) to disassemble the sm100 objects")

@@ -38,9 +38,9 @@ TEST(GpuDispatch, PreferredBackendUnavailableFallsBackToPortableAndSaysWhy) {
       continue;
     }
     EXPECT_EQ(r.backend, "cuda_portable") << r.step;
-    ASSERT_FALSE(r.skipped.empty()) << r.step;
-    EXPECT_EQ(r.skipped[0].first, "cuda_sm90");
-    EXPECT_FALSE(r.skipped[0].second.empty());
+    bool sm90_said_why = false;
+    for (const auto& [name, why] : r.skipped) sm90_said_why |= name == "cuda_sm90" && !why.empty();
+    EXPECT_TRUE(sm90_said_why) << r.step;
     ++fell_back;
   }
   EXPECT_GT(fell_back, 0);
@@ -106,7 +106,7 @@ TEST(GpuDispatch, InfoListsEveryBackendWithAReason) {
   MXMOE_REQUIRE_GPU();
   Context ctx;
   auto list = ctx.backends(Device{DeviceType::cuda, 0});
-  ASSERT_EQ(list.size(), 3u);
+  ASSERT_EQ(list.size(), detail::backends().size());
   for (const BackendInfo& b : list) EXPECT_FALSE(b.reason.empty()) << b.name;
 }
 

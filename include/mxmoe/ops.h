@@ -17,11 +17,13 @@ struct ExpertMatrices {
   bool per_expert() const { return pointers.data != nullptr; }
 };
 
-// A GEMM operand: BF16, or MXFP8 (E4M3 data + E8M0 scales along the GEMM's reduction axis).
+// A GEMM operand: BF16, or quantized (E4M3 data + scales along the GEMM's reduction axis; MXFP8,
+// or FP8 blockwise for the layer's fp8_blockwise recipe).
 struct Operand {
   TensorView bf16;  // set for BF16 operands
-  Mxfp8View mx;     // set for MXFP8 operands
-  bool is_mxfp8() const { return mx.data.data != nullptr; }
+  Mxfp8View mx;     // set for quantized operands
+  bool is_mxfp8() const { return mx.data.data != nullptr; }  // quantized, either format
+  bool is_fp8_block() const { return is_mxfp8() && mx.format == QuantFormat::fp8_block; }
 };
 
 // Per-expert weight operand of an m-grouped GEMM. For MXFP8, scales of expert e are one matrix's
@@ -35,7 +37,11 @@ struct ExpertOperand {
   // 2^(scale - 127), rounded to bf16), which cuda_sm90 reads instead of dequantizing B per call.
   // prepare_weights() fills it (WeightsArgs::bf16_copies); other backends ignore it.
   ExpertMatrices dequantized;
-  bool is_mxfp8() const { return data.dtype == DType::e4m3 || data.dense.dtype == DType::e4m3; }
+  // fp8_block: 128x128 blocks, scales f32 [E, fp8_weight_scale_count(rows, cols)] of each expert's
+  // [rows, cols] as stored (the same copy serves fprop and dgrad); layout unused.
+  QuantFormat format = QuantFormat::mxfp8;
+  bool is_mxfp8() const { return data.dtype == DType::e4m3 || data.dense.dtype == DType::e4m3; }  // quantized
+  bool is_fp8_block() const { return is_mxfp8() && format == QuantFormat::fp8_block; }
 };
 
 // ---- MXFP8 quantize / dequantize ----
@@ -46,6 +52,7 @@ struct QuantizeArgs {
   GroupOffsets groups;  // optional
   Mxfp8View rowwise;    // optional output (axis row)
   Mxfp8View colwise;    // optional output (axis col)
+  bool pow2_scales = false;  // fp8_block outputs: power-of-two scales (Problem::pow2_scales)
 };
 MXMOE_API void quantize_mxfp8(Context& ctx, const QuantizeArgs& args);
 

@@ -10,7 +10,10 @@ namespace mxmoe {
 
 enum class Activation : uint8_t { swiglu, clamped_swiglu };
 enum class GluLayout : uint8_t { halves, interleave32 };
-enum class Recipe : uint8_t { bf16, mxfp8 };
+// bf16: no quantization. mxfp8: E4M3 + one E8M0 scale per 32 values. fp8_blockwise: E4M3 + one
+// fp32 scale per 128 values (activations 1x128, wgrad operands 128x1 along the tokens, weights
+// 128x128; docs/numerics.md "FP8 blockwise").
+enum class Recipe : uint8_t { bf16, mxfp8, fp8_blockwise };
 enum class WeightLayout : uint8_t { dense, per_expert };
 
 // GPT-OSS clamped SwiGLU: h = p * min(a,L) * sigmoid(alpha*min(a,L)) * (clamp(b,-L,L) + offset).
@@ -42,6 +45,9 @@ struct Problem {
   bool fc2_bias = false;
   bool scale_fc2_bias = false;  // FC2 adds p_t * b2 instead of b2
   Recipe recipe = Recipe::mxfp8;
+  // fp8_blockwise only: every scale rounded down to a power of two (TransformerEngine's
+  // force_pow_2_scales), so that scaling and unscaling are exact.
+  bool pow2_scales = false;
   WeightLayout weight_layout = WeightLayout::dense;
 };
 
@@ -52,7 +58,7 @@ MXMOE_API const char* to_string(WeightLayout w);
 MXMOE_API std::string describe(const Problem& p);
 
 // Throws mxmoe::Error naming the field when the problem cannot be computed (docs/numerics.md "Dimensions": H, F
-// multiples of 32 for MXFP8 and of 8 for BF16; interleave32 needs F % 32 == 0; E >= 1) or exceeds
+// multiples of 32 for MXFP8, of 16 for FP8 blockwise and of 8 for BF16; interleave32 needs F % 32 == 0; E >= 1) or exceeds
 // the bounds above (H <= kMaxHidden, F <= kMaxFfn, E <= kMaxExperts).
 MXMOE_API void validate_problem(const Problem& p);
 

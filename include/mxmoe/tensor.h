@@ -40,14 +40,22 @@ struct TensorView {
   T* ptr() const { return static_cast<T*>(data); }
 };
 
-// An MXFP8 tensor: E4M3 data [M, K] (never transposed) plus E8M0 scales for one block axis.
-// Row-wise scales: rowwise_scale_bytes(M, K) bytes. Column-wise scales of a grouped tensor:
+// How a quantized tensor's scales are made and placed: MXFP8 (one E8M0 scale per 32 values) or FP8
+// blockwise (one fp32 inverse scale per 128 values; docs/numerics.md "FP8 blockwise").
+enum class QuantFormat : uint8_t { mxfp8, fp8_block };
+
+// A quantized tensor: E4M3 data [M, K] (never transposed) plus scales for one block axis.
+// MXFP8: e8m0 scales; row-wise rowwise_scale_bytes(M, K) bytes, column-wise (grouped)
 // colwise_scale_bytes(M, K, E) bytes (see mxfp8_layout.h for the exact placement).
+// FP8 blockwise (format fp8_block, layout unused): f32 inverse scales; row-wise (1x128 along K)
+// fp8_rowwise_scale_count(M, K) floats, MN-major; column-wise (128-token blocks restarting at each
+// group) fp8_token_block_rows_capacity(M, E) x K floats, [block rows][K].
 struct Mxfp8View {
   TensorView data;    // e4m3 [M, K]
-  TensorView scales;  // e8m0 [bytes]
+  TensorView scales;  // e8m0 [bytes] (mxfp8) or f32 [count] (fp8_block)
   BlockAxis axis = BlockAxis::row;
   ScaleLayout layout = ScaleLayout::compact;
+  QuantFormat format = QuantFormat::mxfp8;
 };
 
 }  // namespace mxmoe

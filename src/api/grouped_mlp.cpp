@@ -74,18 +74,19 @@ WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, 
 int64_t forward_memory(const Problem& p, int64_t T, bool into, bool prepared) {
   const int64_t E = p.experts, H = p.hidden, F = p.ffn;
   const char* what = "memory";
+  const QuantSpec q = quant_spec(p, ScaleLayout::compact);  // the layout does not change the bytes
   int64_t n = 0;
   auto add = [&](int64_t b) { n = checked_add(n, b, what); };
   if (!into) add(tensor_bytes(DType::bf16, {T, 2 * F}, what));  // c
-  if (p.recipe == Recipe::mxfp8) {
-    add(mxfp8_bytes(T, H, BlockAxis::row, E, what));               // x_row
-    if (!into) add(mxfp8_bytes(T, H, BlockAxis::col, E, what));    // x_col
+  if (p.recipe != Recipe::bf16) {
+    add(quant_bytes(q, T, H, BlockAxis::row, E, what));               // x_row
+    if (!into) add(quant_bytes(q, T, H, BlockAxis::col, E, what));    // x_col
     if (!prepared) {
-      add(expert_mxfp8_bytes(E, 2 * F, H, BlockAxis::row, what));  // w1q
-      add(expert_mxfp8_bytes(E, H, F, BlockAxis::row, what));      // w2q
+      add(expert_quant_bytes(q, E, 2 * F, H, BlockAxis::row, what));  // w1q
+      add(expert_quant_bytes(q, E, H, F, BlockAxis::row, what));      // w2q
     }
-    add(mxfp8_bytes(T, F, BlockAxis::row, E, what));               // a_row
-    if (!into) add(mxfp8_bytes(T, F, BlockAxis::col, E, what));    // a_col
+    add(quant_bytes(q, T, F, BlockAxis::row, E, what));               // a_row
+    if (!into) add(quant_bytes(q, T, F, BlockAxis::col, E, what));    // a_col
   } else if (!into) {
     add(tensor_bytes(DType::bf16, {T, F}, what));  // a
   }
@@ -98,14 +99,15 @@ int64_t backward_memory(const Problem& p, int64_t T, bool into, bool prepared) {
   const char* what = "memory";
   int64_t n = 0;
   auto add = [&](int64_t b) { n = checked_add(n, b, what); };
+  const QuantSpec q = quant_spec(p, ScaleLayout::compact);
   if (p.fc2_bias && p.scale_fc2_bias) add(tensor_bytes(DType::f32, {T}, what));  // dprob_add
-  if (p.recipe == Recipe::mxfp8) {
-    add(mxfp8_bytes(T, H, BlockAxis::row, E, what));                // dy_row
-    if (!into) add(mxfp8_bytes(T, H, BlockAxis::col, E, what));     // dy_col
-    if (!prepared) add(expert_mxfp8_bytes(E, H, F, BlockAxis::col, what));  // w2q
-    add(mxfp8_bytes(T, 2 * F, BlockAxis::row, E, what));            // dc_row
-    if (!into) add(mxfp8_bytes(T, 2 * F, BlockAxis::col, E, what)); // dc_col
-    if (!prepared) add(expert_mxfp8_bytes(E, 2 * F, H, BlockAxis::col, what));  // w1q
+  if (p.recipe != Recipe::bf16) {
+    add(quant_bytes(q, T, H, BlockAxis::row, E, what));                // dy_row
+    if (!into) add(quant_bytes(q, T, H, BlockAxis::col, E, what));     // dy_col
+    if (!prepared) add(expert_quant_bytes(q, E, H, F, BlockAxis::col, what));  // w2q
+    add(quant_bytes(q, T, 2 * F, BlockAxis::row, E, what));            // dc_row
+    if (!into) add(quant_bytes(q, T, 2 * F, BlockAxis::col, E, what)); // dc_col
+    if (!prepared) add(expert_quant_bytes(q, E, 2 * F, H, BlockAxis::col, what));  // w1q
   } else if (!into) {
     add(tensor_bytes(DType::bf16, {T, 2 * F}, what));  // dc
   }
@@ -145,7 +147,8 @@ SavedState forward_run(Context& ctx, const Problem& p, const ForwardArgs& a, con
   const Device d = a.x.device;
   const ScaleLayout layout = o.scale_layout;
   const int64_t E = p.experts, H = p.hidden, F = p.ffn, T = a.x.shape[0];
-  const bool mx = p.recipe == Recipe::mxfp8;
+  const bool mx = p.recipe != Recipe::bf16;  // a quantized recipe: mxfp8 or fp8_blockwise
+  const QuantSpec q = quant_spec(p, layout);
   auto s = new_saved(p, a, T, d);
 
   s->c = into ? borrowed(into->c) : make_tensor(o, d, DType::bf16, {T, 2 * F});
@@ -155,14 +158,14 @@ SavedState forward_run(Context& ctx, const Problem& p, const ForwardArgs& a, con
                    .c = s->c.view};
   Fc2FpropArgs fc2{.w2 = bf16_operand(a.w2), .offsets = a.offsets, .b2 = a.b2, .probs = a.probs, .y = a.y};
   if (mx) {
-    x_row = make_mxfp8(o, d, T, H, BlockAxis::row, layout, E);
-    s->x_col = into ? borrowed(into->x_col) : make_mxfp8(o, d, T, H, BlockAxis::col, layout, E);
+    x_row = make_quant(o, d, q, T, H, BlockAxis::row, E);
+    s->x_col = into ? borrowed(into->x_col) : make_quant(o, d, q, T, H, BlockAxis::col, E);
     if (!a.prepared) {
-      w1q = make_expert_mxfp8(o, d, E, 2 * F, H, BlockAxis::row, layout);
-      w2q = make_expert_mxfp8(o, d, E, H, F, BlockAxis::row, layout);
+      w1q = make_expert_quant(o, d, q, E, 2 * F, H, BlockAxis::row);
+      w2q = make_expert_quant(o, d, q, E, H, F, BlockAxis::row);
     }
-    a_row = make_mxfp8(o, d, T, F, BlockAxis::row, layout, E);
-    s->a_col = into ? borrowed(into->a_col) : make_mxfp8(o, d, T, F, BlockAxis::col, layout, E);
+    a_row = make_quant(o, d, q, T, F, BlockAxis::row, E);
+    s->a_col = into ? borrowed(into->a_col) : make_quant(o, d, q, T, F, BlockAxis::col, E);
     fc1.x = mx_op(x_row.view);
     fc1.w1 = a.prepared ? a.prepared->impl().w1_row.operand : w1q.operand;
     fc1.a = {.row = a_row.view, .col = s->a_col.view};
@@ -176,7 +179,7 @@ SavedState forward_run(Context& ctx, const Problem& p, const ForwardArgs& a, con
 
   std::vector<LayerStep> steps;
   const bool quantize_weights = mx && !a.prepared;
-  if (mx) steps.push_back(quantize_x({a.x, a.offsets, x_row.view, s->x_col.view}));
+  if (mx) steps.push_back(quantize_x({a.x, a.offsets, x_row.view, s->x_col.view, q.pow2_scales}));
   if (quantize_weights) steps.push_back(quantize_w1(w1q.quantize_from(a.w1)));
   steps.push_back(fc1_fprop(p, fc1));
   if (quantize_weights) steps.push_back(quantize_w2(w2q.quantize_from(a.w2)));
@@ -191,7 +194,7 @@ struct WgradOperands {
 };
 
 WgradOperands operands_of(const WgradImpl& w) {
-  if (w.problem.recipe == Recipe::mxfp8)
+  if (w.problem.recipe != Recipe::bf16)
     return {mx_op(w.dy_col.view), mx_op(w.a_col.view), mx_op(w.dc_col.view), mx_op(w.x_col.view)};
   return {bf16_op(w.dy_bf16), bf16_op(w.a_bf16.view), bf16_op(w.dc_bf16.view), bf16_op(w.x_bf16)};
 }
@@ -220,7 +223,8 @@ WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, 
   const ScaleLayout layout = o.scale_layout;
   const int64_t E = p.experts, H = p.hidden, F = p.ffn, T = s.tokens;
   const ForwardArgs& r = s.refs;
-  const bool mx = p.recipe == Recipe::mxfp8;
+  const bool mx = p.recipe != Recipe::bf16;
+  const QuantSpec q = quant_spec(p, layout);
   auto w = new_wgrad(p, r.offsets, T, d);
 
   OwnedMxfp8 dy_row, dc_row;
@@ -234,17 +238,17 @@ WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, 
   // The wgrad operands, viewed where they are now (forward's saved ones move into w after the dgrads).
   WgradOperands wops{bf16_op(a.dy), bf16_op(s.a_bf16.view), {}, bf16_op(r.x)};
   if (mx) {
-    dy_row = make_mxfp8(o, d, T, H, BlockAxis::row, layout, E);
-    w->dy_col = into ? borrowed(into->dy_col) : make_mxfp8(o, d, T, H, BlockAxis::col, layout, E);
-    if (!a.prepared) w2q = make_expert_mxfp8(o, d, E, H, F, BlockAxis::col, layout);
-    dc_row = make_mxfp8(o, d, T, 2 * F, BlockAxis::row, layout, E);
-    w->dc_col = into ? borrowed(into->dc_col) : make_mxfp8(o, d, T, 2 * F, BlockAxis::col, layout, E);
-    if (!a.prepared) w1q = make_expert_mxfp8(o, d, E, 2 * F, H, BlockAxis::col, layout);
+    dy_row = make_quant(o, d, q, T, H, BlockAxis::row, E);
+    w->dy_col = into ? borrowed(into->dy_col) : make_quant(o, d, q, T, H, BlockAxis::col, E);
+    if (!a.prepared) w2q = make_expert_quant(o, d, q, E, H, F, BlockAxis::col);
+    dc_row = make_quant(o, d, q, T, 2 * F, BlockAxis::row, E);
+    w->dc_col = into ? borrowed(into->dc_col) : make_quant(o, d, q, T, 2 * F, BlockAxis::col, E);
+    if (!a.prepared) w1q = make_expert_quant(o, d, q, E, 2 * F, H, BlockAxis::col);
     fc2.dy = mx_op(dy_row.view);
-    fc2.w2 = a.prepared ? a.prepared->impl().w2_col.operand : w2q.operand;
+    fc2.w2 = a.prepared ? a.prepared->impl().w2_dgrad() : w2q.operand;
     fc2.dc = {.row = dc_row.view, .col = w->dc_col.view};
     fc1.dc = mx_op(dc_row.view);
-    fc1.w1 = a.prepared ? a.prepared->impl().w1_col.operand : w1q.operand;
+    fc1.w1 = a.prepared ? a.prepared->impl().w1_dgrad() : w1q.operand;
     wops = {mx_op(w->dy_col.view), mx_op(s.a_col.view), mx_op(w->dc_col.view), mx_op(s.x_col.view)};
   } else {
     w->dy_bf16 = a.dy;
@@ -255,7 +259,7 @@ WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, 
   }
 
   std::vector<LayerStep> steps;
-  if (mx) steps.push_back(quantize_dy({a.dy, r.offsets, dy_row.view, w->dy_col.view}));
+  if (mx) steps.push_back(quantize_dy({a.dy, r.offsets, dy_row.view, w->dy_col.view, q.pow2_scales}));
   if (p.fc2_bias)
     steps.push_back(fc2_bias_grads(p, {.dy = a.dy, .offsets = r.offsets, .probs = r.probs, .b2 = r.b2,
                                        .db2 = {a.grads.db2, a.grads.accumulate}, .dprob_add = dprob_add.view}));
@@ -288,10 +292,15 @@ WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, 
 
 // The library memory prepare_weights allocates (with `copies`: the bf16 copies too).
 int64_t prepare_memory(const Problem& p, bool copies) {
-  if (p.recipe != Recipe::mxfp8) return 0;
+  if (p.recipe == Recipe::bf16) return 0;
   const int64_t E = p.experts, H = p.hidden, F = p.ffn;
   const char* what = "memory";
+  const QuantSpec q = quant_spec(p, ScaleLayout::compact);
   int64_t n = 0;
+  if (q.format == QuantFormat::fp8_block) {  // one copy of each weight serves fprop and dgrad
+    n = checked_add(n, expert_quant_bytes(q, E, 2 * F, H, BlockAxis::row, what), what);
+    return checked_add(n, expert_quant_bytes(q, E, H, F, BlockAxis::row, what), what);
+  }
   for (BlockAxis axis : {BlockAxis::row, BlockAxis::col}) {
     n = checked_add(n, expert_mxfp8_bytes(E, 2 * F, H, axis, what), what);  // w1
     n = checked_add(n, expert_mxfp8_bytes(E, H, F, axis, what), what);      // w2
@@ -328,7 +337,14 @@ PreparedWeights prepare_run(Context& ctx, const Problem& p, const WeightsArgs& w
   pw->problem = p;
   pw->device = d;
   pw->layout = layout;
-  if (p.recipe == Recipe::mxfp8) {
+  if (p.recipe == Recipe::fp8_blockwise) {
+    const QuantSpec q = quant_spec(p, layout);
+    pw->w1_row = make_expert_quant(o, d, q, E, 2 * F, H, BlockAxis::row);
+    pw->w2_row = make_expert_quant(o, d, q, E, H, F, BlockAxis::row);
+    PlannedSteps(ctx, {prepare_step(quantize_w1(pw->w1_row.quantize_from(w.w1))),
+                       prepare_step(quantize_w2(pw->w2_row.quantize_from(w.w2)))})
+        .run();
+  } else if (p.recipe == Recipe::mxfp8) {
     pw->w1_row = make_expert_mxfp8(o, d, E, 2 * F, H, BlockAxis::row, layout);
     pw->w2_row = make_expert_mxfp8(o, d, E, H, F, BlockAxis::row, layout);
     pw->w1_col = make_expert_mxfp8(o, d, E, 2 * F, H, BlockAxis::col, layout);
@@ -370,7 +386,7 @@ SavedState restore_saved_state(const Problem& p, const ForwardArgs& inputs, cons
   const int64_t T = validate_restore_saved(p, inputs, saved);
   auto s = new_saved(p, inputs, T, saved.c.device);
   s->c = borrowed(saved.c);
-  if (p.recipe == Recipe::mxfp8) {
+  if (p.recipe != Recipe::bf16) {
     s->x_col = borrowed(saved.x_col);
     s->a_col = borrowed(saved.a_col);
   } else {
@@ -391,7 +407,7 @@ WgradState restore_wgrad_state(const Problem& p, const ForwardArgs& inputs, cons
                                const StateBuffers& state) {
   using namespace detail;
   const int64_t T = validate_restore_wgrad(p, inputs, dy, state);
-  const bool mx = p.recipe == Recipe::mxfp8;
+  const bool mx = p.recipe != Recipe::bf16;
   auto w = new_wgrad(p, inputs.offsets, T, (mx ? state.x_col.data : state.a).device);
   if (mx) {
     w->x_col = borrowed(state.x_col);

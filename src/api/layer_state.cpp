@@ -2,6 +2,7 @@
 #include "src/api/layer_state.h"
 
 #include "src/common/checked.h"
+#include "src/common/fp8_block.h"
 
 namespace mxmoe::detail {
 
@@ -78,6 +79,71 @@ void OwnedExpertMxfp8::add_bf16_copy(const Options& o, Device d) {
   deq = allocate(d, checked_mul({experts, rows, cols, 2}, "memory"), o.stream, o.allocator);
   operand.dequantized.dense = TensorView::of(deq.ptr, DType::bf16, {experts, rows, cols}, d);
   operand.dequantized.dtype = DType::bf16;
+}
+
+QuantSpec quant_spec(const Problem& p, ScaleLayout layout) {
+  QuantSpec q;
+  q.format = p.recipe == Recipe::fp8_blockwise ? QuantFormat::fp8_block : QuantFormat::mxfp8;
+  q.layout = layout;
+  q.pow2_scales = p.recipe == Recipe::fp8_blockwise && p.pow2_scales;
+  return q;
+}
+
+namespace {
+// fp32 inverse scales of an fp8_block [rows, cols] tensor (src/common/fp8_block.h).
+int64_t fp8_scale_count(int64_t rows, int64_t cols, BlockAxis axis, int64_t experts, const char* what) {
+  if (axis == BlockAxis::row) return checked_mul(ceil_div(cols, kFp8Block), fp8_rowwise_pitch(rows), what);
+  return checked_mul(checked_add(ceil_div(rows, kFp8Block), experts, what), cols, what);
+}
+}  // namespace
+
+int64_t quant_bytes(const QuantSpec& q, int64_t rows, int64_t cols, BlockAxis axis, int64_t experts,
+                    const char* what) {
+  if (q.format == QuantFormat::mxfp8) return mxfp8_bytes(rows, cols, axis, experts, what);
+  return checked_add(checked_mul(rows, cols, what), checked_mul(4, fp8_scale_count(rows, cols, axis, experts, what), what),
+                     what);
+}
+
+OwnedMxfp8 make_quant(const Options& opt, Device d, const QuantSpec& q, int64_t rows, int64_t cols, BlockAxis axis,
+                      int64_t experts) {
+  if (q.format == QuantFormat::mxfp8) return make_mxfp8(opt, d, rows, cols, axis, q.layout, experts);
+  OwnedMxfp8 o;
+  const int64_t count = fp8_scale_count(rows, cols, axis, experts, "memory");
+  o.data = allocate(d, checked_mul(rows, cols, "memory"), opt.stream, opt.allocator);
+  o.scales = allocate(d, checked_mul(4, count, "memory"), opt.stream, opt.allocator);
+  o.view.data = TensorView::of(o.data.ptr, DType::e4m3, {rows, cols}, d);
+  o.view.scales = TensorView::of(o.scales.ptr, DType::f32, {count}, d);
+  o.view.axis = axis;
+  o.view.format = QuantFormat::fp8_block;
+  return o;
+}
+
+int64_t expert_quant_bytes(const QuantSpec& q, int64_t experts, int64_t rows, int64_t cols, BlockAxis axis,
+                           const char* what) {
+  if (q.format == QuantFormat::mxfp8) return expert_mxfp8_bytes(experts, rows, cols, axis, what);
+  const int64_t per = checked_add(checked_mul(rows, cols, what), checked_mul(4, fp8_weight_scale_count(rows, cols), what),
+                                  what);
+  return checked_mul(experts, per, what);
+}
+
+OwnedExpertMxfp8 make_expert_quant(const Options& opt, Device d, const QuantSpec& q, int64_t experts, int64_t rows,
+                                   int64_t cols, BlockAxis axis) {
+  if (q.format == QuantFormat::mxfp8) return make_expert_mxfp8(opt, d, experts, rows, cols, axis, q.layout);
+  OwnedExpertMxfp8 o;
+  const int64_t per = fp8_weight_scale_count(rows, cols);
+  o.data = allocate(d, checked_mul({experts, rows, cols}, "memory"), opt.stream, opt.allocator);
+  o.scales = allocate(d, checked_mul({experts, per, 4}, "memory"), opt.stream, opt.allocator);
+  o.operand.data.dense = TensorView::of(o.data.ptr, DType::e4m3, {experts, rows, cols}, d);
+  o.operand.data.dtype = DType::e4m3;
+  o.operand.scales.dense = TensorView::of(o.scales.ptr, DType::f32, {experts, per}, d);
+  o.operand.scales.dtype = DType::f32;
+  o.operand.format = QuantFormat::fp8_block;
+  o.experts = experts;
+  o.rows = rows;
+  o.cols = cols;
+  o.axis = BlockAxis::row;
+  o.pow2_scales = q.pow2_scales;
+  return o;
 }
 
 OwnedTensor borrowed(const TensorView& v) {

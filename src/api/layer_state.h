@@ -30,13 +30,30 @@ struct OwnedMxfp8 {
 OwnedMxfp8 make_mxfp8(const Options& o, Device d, int64_t rows, int64_t cols, BlockAxis axis, ScaleLayout layout,
                       int64_t experts);
 
-// Quantized copy of E weight matrices [rows, cols], scales along `axis`.
+// How a quantized recipe stores its tensors: the format, MXFP8's scale layout, FP8 blockwise's
+// power-of-two option.
+struct QuantSpec {
+  QuantFormat format = QuantFormat::mxfp8;
+  ScaleLayout layout = ScaleLayout::compact;
+  bool pow2_scales = false;
+};
+QuantSpec quant_spec(const Problem& p, ScaleLayout layout);
+
+// Bytes and buffers of a quantized [rows, cols] tensor (axis row: blocks along cols; col: blocks
+// along the rows, restarting per group of `experts`) in either format.
+int64_t quant_bytes(const QuantSpec& q, int64_t rows, int64_t cols, BlockAxis axis, int64_t experts, const char* what);
+OwnedMxfp8 make_quant(const Options& o, Device d, const QuantSpec& q, int64_t rows, int64_t cols, BlockAxis axis,
+                      int64_t experts);
+
+// Quantized copy of E weight matrices [rows, cols], scales along `axis` (fp8_block: 128x128 blocks,
+// axis unused).
 struct OwnedExpertMxfp8 {
   Buffer data, scales;
   Buffer deq;  // optional bf16 [E, rows, cols] of the dequantized values (operand.dequantized)
   ExpertOperand operand;
   int64_t experts = 0, rows = 0, cols = 0;
   BlockAxis axis = BlockAxis::row;
+  bool pow2_scales = false;
   int64_t bytes() const {
     return (data.ptr ? data.bytes : 0) + (scales.ptr ? scales.bytes : 0) + (deq.ptr ? deq.bytes : 0);
   }
@@ -44,12 +61,16 @@ struct OwnedExpertMxfp8 {
   void add_bf16_copy(const Options& o, Device d);
   // The quantize_experts arguments that fill this copy (and its bf16 copy, if any) from `src`.
   QuantizeExpertsStep quantize_from(const ExpertMatrices& src) const {
-    return {src, experts, rows, cols, operand.data.dense, operand.scales.dense, axis, operand.layout,
-            operand.dequantized.dense};
+    return {src,   experts, rows, cols, operand.data.dense, operand.scales.dense, axis, operand.layout,
+            operand.dequantized.dense, operand.format, pow2_scales};
   }
 };
 OwnedExpertMxfp8 make_expert_mxfp8(const Options& o, Device d, int64_t experts, int64_t rows, int64_t cols,
                                    BlockAxis axis, ScaleLayout layout);
+int64_t expert_quant_bytes(const QuantSpec& q, int64_t experts, int64_t rows, int64_t cols, BlockAxis axis,
+                           const char* what);
+OwnedExpertMxfp8 make_expert_quant(const Options& o, Device d, const QuantSpec& q, int64_t experts, int64_t rows,
+                                   int64_t cols, BlockAxis axis);
 
 // Views of caller memory in the owned types (nothing is freed).
 OwnedTensor borrowed(const TensorView& v);
@@ -65,8 +86,8 @@ struct StateOrigin {
 struct SavedImpl : StateOrigin {
   ForwardArgs refs;      // caller's inputs, referenced not copied (y, prepared unused)
   OwnedTensor c;         // FC1 output, bf16 [T, 2F]
-  OwnedMxfp8 x_col;      // mxfp8: X column-wise (for dW1)
-  OwnedMxfp8 a_col;      // mxfp8: A column-wise (for dW2)
+  OwnedMxfp8 x_col;      // mxfp8 / fp8_blockwise: X column-wise (for dW1)
+  OwnedMxfp8 a_col;      // mxfp8 / fp8_blockwise: A column-wise (for dW2)
   OwnedTensor a_bf16;    // bf16 recipe: A [T, F]
   bool consumed = false;
   int64_t bytes() const { return c.bytes() + x_col.bytes() + a_col.bytes() + a_bf16.bytes(); }
@@ -82,13 +103,15 @@ struct WgradImpl : StateOrigin {
   }
 };
 
-// prepare_weights()'s copies (mxfp8 recipe; empty for bf16).
+// prepare_weights()'s copies (mxfp8 and fp8_blockwise recipes; empty for bf16).
 struct PreparedImpl {
   Problem problem;
   Device device{};
   ScaleLayout layout = ScaleLayout::compact;
-  OwnedExpertMxfp8 w1_row, w2_row;  // fprop operands
-  OwnedExpertMxfp8 w1_col, w2_col;  // dgrad operands
+  OwnedExpertMxfp8 w1_row, w2_row;  // fprop operands (fp8_blockwise: fprop and dgrad)
+  OwnedExpertMxfp8 w1_col, w2_col;  // mxfp8 dgrad operands (empty for fp8_blockwise)
+  const ExpertOperand& w1_dgrad() const { return w1_col.operand.data.dense.data ? w1_col.operand : w1_row.operand; }
+  const ExpertOperand& w2_dgrad() const { return w2_col.operand.data.dense.data ? w2_col.operand : w2_row.operand; }
   int64_t bytes() const { return w1_row.bytes() + w2_row.bytes() + w1_col.bytes() + w2_col.bytes(); }
 };
 

@@ -40,13 +40,18 @@ void set_glu(MGemmStep& s, const Problem& p, const TensorView& c, const GluOutpu
   s.out_bf16 = out.bf16;
   s.out_row = out.row;
   s.out_col = out.col;
+  s.pow2_scales = p.pow2_scales;
 }
+
+// The recipe a quantize step serves, from its output format.
+Recipe recipe_of(QuantFormat f) { return f == QuantFormat::fp8_block ? Recipe::fp8_blockwise : Recipe::mxfp8; }
 
 LayerStep quantize_activation(const char* label, const QuantizeArgs& a) {
   const double n = static_cast<double>(a.src.numel());
   const double outputs = (a.rowwise.data.data ? 1.0 : 0.0) + (a.colwise.data.data ? 1.0 : 0.0);
   return {label,
-          {Step::quantize, a.src.device, Recipe::mxfp8, 0, a.src.rank == 2 ? a.src.shape[1] : 0},
+          {Step::quantize, a.src.device, recipe_of(a.rowwise.data.data ? a.rowwise.format : a.colwise.format), 0,
+           a.src.rank == 2 ? a.src.shape[1] : 0},
           {0, n * (kBf16Bytes + outputs)},
           a};
 }
@@ -54,8 +59,10 @@ LayerStep quantize_activation(const char* label, const QuantizeArgs& a) {
 LayerStep quantize_weights(const char* row_label, const char* col_label, const QuantizeExpertsStep& s) {
   const Device d = s.src.per_expert() ? s.src.pointers.device : s.src.dense.device;
   const double n = static_cast<double>(s.experts * s.rows * s.cols);
-  return {s.axis == BlockAxis::row ? row_label : col_label,
-          {Step::quantize_experts, d, Recipe::mxfp8, s.rows, s.cols},
+  // fp8_block weights have one copy (128x128 blocks) for fprop and dgrad: the row label.
+  const bool row = s.axis == BlockAxis::row || s.format == QuantFormat::fp8_block;
+  return {row ? row_label : col_label,
+          {Step::quantize_experts, d, recipe_of(s.format), s.rows, s.cols},
           {0, n * (kBf16Bytes + 1.0)},
           s};
 }

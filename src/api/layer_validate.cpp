@@ -7,6 +7,7 @@
 #include "src/api/layer_state.h"
 #include "src/api/validate.h"
 #include "src/common/checked.h"
+#include "src/common/fp8_block.h"
 
 namespace mxmoe::detail {
 namespace {
@@ -90,8 +91,16 @@ std::vector<Region> input_regions(const ForwardArgs& a) {
           region("w2", a.w2.dense), region("w2.pointers", a.w2.pointers), region("b2", a.b2)};
 }
 
-void check_state_mxfp8(const Mxfp8View& v, const std::string& name, int64_t T, int64_t cols, int64_t E,
+// A column-wise state tensor of the recipe (mxfp8: e8m0 chunks in the context's layout;
+// fp8_blockwise: f32 token-block scales).
+void check_state_mxfp8(const Problem& p, const Mxfp8View& v, const std::string& name, int64_t T, int64_t cols,
                        ScaleLayout layout, const CallDevice& d) {
+  const int64_t E = p.experts;
+  if (p.recipe == Recipe::fp8_blockwise) {
+    check_fp8_block(v, name, T, cols, BlockAxis::col,
+                    checked_mul(checked_add(ceil_div(T, kFp8Block), E, name.c_str()), cols, name.c_str()), d);
+    return;
+  }
   check_mxfp8(v, name, T, cols, BlockAxis::col, colwise_scale_bytes(T, cols, E), d);
   if (v.layout != layout)
     throw Error(name + ".layout", "must be the scale layout of the other state tensors and of the context");
@@ -100,9 +109,9 @@ void check_state_mxfp8(const Mxfp8View& v, const std::string& name, int64_t T, i
 // The members of StateBuffers forward fills, for the recipe.
 void check_saved_buffers(const Problem& p, const StateBuffers& s, int64_t T, ScaleLayout layout, const CallDevice& d) {
   check_tensor(s.c, "saved.c", DType::bf16, {T, 2 * p.ffn}, d);
-  if (p.recipe == Recipe::mxfp8) {
-    check_state_mxfp8(s.x_col, "saved.x_col", T, p.hidden, p.experts, layout, d);
-    check_state_mxfp8(s.a_col, "saved.a_col", T, p.ffn, p.experts, layout, d);
+  if (p.recipe != Recipe::bf16) {
+    check_state_mxfp8(p, s.x_col, "saved.x_col", T, p.hidden, layout, d);
+    check_state_mxfp8(p, s.a_col, "saved.a_col", T, p.ffn, layout, d);
   } else {
     check_tensor(s.a, "saved.a", DType::bf16, {T, p.ffn}, d);
   }
@@ -110,9 +119,9 @@ void check_saved_buffers(const Problem& p, const StateBuffers& s, int64_t T, Sca
 
 // The members a deferred backward fills.
 void check_deferred_buffers(const Problem& p, const StateBuffers& s, int64_t T, ScaleLayout layout, const CallDevice& d) {
-  if (p.recipe == Recipe::mxfp8) {
-    check_state_mxfp8(s.dy_col, "state.dy_col", T, p.hidden, p.experts, layout, d);
-    check_state_mxfp8(s.dc_col, "state.dc_col", T, 2 * p.ffn, p.experts, layout, d);
+  if (p.recipe != Recipe::bf16) {
+    check_state_mxfp8(p, s.dy_col, "state.dy_col", T, p.hidden, layout, d);
+    check_state_mxfp8(p, s.dc_col, "state.dc_col", T, 2 * p.ffn, layout, d);
   } else {
     check_tensor(s.dc, "state.dc", DType::bf16, {T, 2 * p.ffn}, d);
   }
@@ -182,7 +191,7 @@ std::vector<Region> saved_input_regions(const SavedImpl& s) {
 // The saved-state buffers forward fills for the recipe, for the one-device check.
 void add_saved_buffer_devices(std::vector<NamedDevice>& out, const Problem& p, const StateBuffers& s) {
   add_device(out, "saved.c", s.c);
-  if (p.recipe == Recipe::mxfp8) {
+  if (p.recipe != Recipe::bf16) {
     add_mxfp8_devices(out, "saved.x_col", s.x_col);
     add_mxfp8_devices(out, "saved.a_col", s.a_col);
   } else {
@@ -191,7 +200,7 @@ void add_saved_buffer_devices(std::vector<NamedDevice>& out, const Problem& p, c
 }
 
 void add_deferred_buffer_devices(std::vector<NamedDevice>& out, const Problem& p, const StateBuffers& s) {
-  if (p.recipe == Recipe::mxfp8) {
+  if (p.recipe != Recipe::bf16) {
     add_mxfp8_devices(out, "state.dy_col", s.dy_col);
     add_mxfp8_devices(out, "state.dc_col", s.dc_col);
   } else {
@@ -270,7 +279,7 @@ void validate_backward(SavedState& saved, const BackwardArgs& a, const StateBuff
 int64_t validate_restore_wgrad(const Problem& p, const ForwardArgs& inputs, const TensorView& dy,
                                const StateBuffers& state) {
   validate_problem(p);
-  const bool mx = p.recipe == Recipe::mxfp8;
+  const bool mx = p.recipe != Recipe::bf16;
   const TensorView& rows = mx ? state.x_col.data : state.a;
   const char* rows_name = mx ? "saved.x_col.data" : "saved.a";
   const int64_t T = tokens_of(rows, rows_name, mx ? p.hidden : p.ffn);
@@ -291,8 +300,8 @@ int64_t validate_restore_wgrad(const Problem& p, const ForwardArgs& inputs, cons
   const ScaleLayout layout = state.x_col.layout;
   check_offsets(inputs.offsets, "offsets", E, T, d);
   if (mx) {
-    check_state_mxfp8(state.x_col, "saved.x_col", T, H, E, layout, d);
-    check_state_mxfp8(state.a_col, "saved.a_col", T, F, E, layout, d);
+    check_state_mxfp8(p, state.x_col, "saved.x_col", T, H, layout, d);
+    check_state_mxfp8(p, state.a_col, "saved.a_col", T, F, layout, d);
   } else {
     check_tensor(inputs.x, "x", DType::bf16, {T, H}, d);
     check_tensor(dy, "dy", DType::bf16, {T, H}, d);
@@ -334,6 +343,8 @@ void check_prepared(const PreparedWeights* prepared, const Problem& p, Device de
   if (q.recipe != p.recipe) differs("problem.recipe", to_string(q.recipe), to_string(p.recipe));
   if (q.glu_layout != p.glu_layout) differs("problem.glu_layout", to_string(q.glu_layout), to_string(p.glu_layout));
   if (w.device != device) differs("device", device_name(w.device), device_name(device));
+  if (q.pow2_scales != p.pow2_scales)
+    differs("problem.pow2_scales", q.pow2_scales ? "true" : "false", p.pow2_scales ? "true" : "false");
   if (p.recipe == Recipe::mxfp8 && w.layout != layout)
     differs("the context's scale_layout", w.layout == ScaleLayout::swizzled ? "swizzled" : "compact",
             layout == ScaleLayout::swizzled ? "swizzled" : "compact");

@@ -38,7 +38,14 @@ std::string device_name(Device d) {
 
 const char* to_string(Activation a) { return a == Activation::swiglu ? "swiglu" : "clamped_swiglu"; }
 const char* to_string(GluLayout g) { return g == GluLayout::halves ? "halves" : "interleave32"; }
-const char* to_string(Recipe r) { return r == Recipe::bf16 ? "bf16" : "mxfp8"; }
+const char* to_string(Recipe r) {
+  switch (r) {
+    case Recipe::bf16: return "bf16";
+    case Recipe::mxfp8: return "mxfp8";
+    case Recipe::fp8_blockwise: return "fp8_blockwise";
+  }
+  return "?";
+}
 const char* to_string(WeightLayout w) { return w == WeightLayout::dense ? "dense" : "per_expert"; }
 
 std::string describe(const Problem& p) {
@@ -48,6 +55,7 @@ std::string describe(const Problem& p) {
   if (p.activation == Activation::clamped_swiglu)
     s += "(limit=" + std::to_string(p.clamp.limit) + ",alpha=" + std::to_string(p.clamp.alpha) +
          ",offset=" + std::to_string(p.clamp.linear_offset) + ")";
+  if (p.recipe == Recipe::fp8_blockwise && p.pow2_scales) s += " pow2_scales=yes";
   s += std::string(" glu=") + to_string(p.glu_layout) + " weights=" + to_string(p.weight_layout);
   s += std::string(" fc1_bias=") + (p.fc1_bias ? "yes" : "no") + " fc2_bias=" + (p.fc2_bias ? "yes" : "no");
   if (p.fc2_bias) s += std::string(" scale_fc2_bias=") + (p.scale_fc2_bias ? "yes" : "no");
@@ -55,9 +63,16 @@ std::string describe(const Problem& p) {
 }
 
 void validate_problem(const Problem& p) {
-  const int64_t align = p.recipe == Recipe::mxfp8 ? 32 : 8;
-  const char* why = p.recipe == Recipe::mxfp8 ? "must be a positive multiple of 32 for the mxfp8 recipe"
-                                              : "must be a positive multiple of 8 for the bf16 recipe";
+  const int64_t align = p.recipe == Recipe::mxfp8 ? 32 : p.recipe == Recipe::fp8_blockwise ? 16 : 8;
+  const char* why = p.recipe == Recipe::mxfp8           ? "must be a positive multiple of 32 for the mxfp8 recipe"
+                    : p.recipe == Recipe::fp8_blockwise ? "must be a positive multiple of 16 for the fp8_blockwise recipe"
+                                                        : "must be a positive multiple of 8 for the bf16 recipe";
+  if (p.recipe != Recipe::bf16 && p.recipe != Recipe::mxfp8 && p.recipe != Recipe::fp8_blockwise)
+    throw Error("problem.recipe", "recipe=" + std::to_string(static_cast<int>(p.recipe)) +
+                                      " is not one of bf16, mxfp8, fp8_blockwise");
+  if (p.pow2_scales && p.recipe != Recipe::fp8_blockwise)
+    throw Error("problem.pow2_scales", std::string("pow2_scales=true applies to the fp8_blockwise recipe only, not ") +
+                                           to_string(p.recipe));
   if (p.hidden <= 0 || p.hidden % align != 0)
     throw Error("problem.hidden", "hidden=" + std::to_string(p.hidden) + " " + why);
   if (p.hidden > kMaxHidden)

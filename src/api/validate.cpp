@@ -104,6 +104,8 @@ void check_experts(const ExpertMatrices& m, const std::string& name, std::initia
 
 void check_mxfp8(const Mxfp8View& v, const std::string& name, int64_t rows, int64_t cols, BlockAxis axis,
                  int64_t scale_bytes, const CallDevice& device) {
+  if (v.format != QuantFormat::mxfp8)
+    throw Error(name + ".format", "is fp8_block; an MXFP8 view (format mxfp8, e8m0 scales) is expected here");
   check_tensor(v.data, name + ".data", DType::e4m3, {rows, cols}, device);
   if (v.axis != axis)
     throw Error(name + ".axis", std::string("block axis must be ") + (axis == BlockAxis::row ? "row" : "col"));
@@ -116,6 +118,25 @@ void check_mxfp8(const Mxfp8View& v, const std::string& name, int64_t rows, int6
     throw Error(name + ".scales", "holds " + std::to_string(have) + " bytes, needs " + std::to_string(scale_bytes));
   check_device(v.scales, name + ".scales", device);
   check_pointer(v.scales.data, have, name + ".scales", device.device);
+}
+
+void check_fp8_block(const Mxfp8View& v, const std::string& name, int64_t rows, int64_t cols, BlockAxis axis,
+                     int64_t scale_count, const CallDevice& device) {
+  if (v.format != QuantFormat::fp8_block)
+    throw Error(name + ".format", "is mxfp8; an FP8-blockwise view (format fp8_block, f32 scales) is expected here");
+  check_tensor(v.data, name + ".data", DType::e4m3, {rows, cols}, device);
+  if (v.axis != axis)
+    throw Error(name + ".axis", std::string("block axis must be ") + (axis == BlockAxis::row ? "row" : "col"));
+  if (missing(v.scales))
+    throw Error(name + ".scales", "missing (no data pointer); expected f32 of " + std::to_string(scale_count) +
+                                      " values on " + device_name(device.device));
+  if (v.scales.dtype != DType::f32)
+    throw Error(name + ".scales", std::string("dtype ") + dtype_name(v.scales.dtype) + " is not f32");
+  const int64_t have = checked_numel(v.scales, name + ".scales");
+  if (have < scale_count)
+    throw Error(name + ".scales", "holds " + std::to_string(have) + " values, needs " + std::to_string(scale_count));
+  check_device(v.scales, name + ".scales", device);
+  check_pointer(v.scales.data, checked_mul(have, 4, name + ".scales"), name + ".scales", device.device);
 }
 
 void add_device(std::vector<NamedDevice>& out, const std::string& name, const TensorView& t) {

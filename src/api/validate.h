@@ -46,6 +46,10 @@ void check_experts(const ExpertMatrices& m, const std::string& name, std::initia
 void check_mxfp8(const Mxfp8View& v, const std::string& name, int64_t rows, int64_t cols, BlockAxis axis,
                  int64_t scale_bytes, const CallDevice& device);
 
+// FP8-blockwise view: e4m3 data [rows, cols], f32 scales of at least `scale_count` values, given axis.
+void check_fp8_block(const Mxfp8View& v, const std::string& name, int64_t rows, int64_t cols, BlockAxis axis,
+                     int64_t scale_count, const CallDevice& device);
+
 // Every given tensor of a call (absent ones are skipped) on one device. The first entry is the
 // reference. With `reference_fixed` (backward: the forward's data cannot move) every tensor not on
 // the reference's device is the culprit; otherwise the device most tensors are on is taken as the

@@ -20,6 +20,7 @@
 #include "src/common/experts.h"
 #include "src/common/glu.h"
 #include "src/cpu/cpu_ops.h"
+#include "src/cpu/fp8_block.h"
 #include "src/cpu/gemm_core.h"
 
 namespace mxmoe::cpu {
@@ -114,9 +115,36 @@ struct ActivationOut {
     q.groups = s.gemm.offsets;
     q.rowwise = s.out_row;
     q.colwise = s.out_col;
+    q.pow2_scales = s.pow2_scales;
     cpu::quantize(q);
   }
 };
+
+// Host offsets 0 .. t_total of the groups, as the fp8_block GEMMs take them.
+std::vector<int32_t> offsets_i32(const std::vector<int64_t>& bounds) {
+  return std::vector<int32_t>(bounds.begin(), bounds.end());
+}
+
+// FP8 blockwise operands (docs/numerics.md "FP8 blockwise", GEMM rule): the whole fp32 product
+// [T, N] of an m-grouped GEMM, which the epilogues below then read row by row.
+std::vector<float> fp8_block_product(const MGemmStep& s, const std::vector<int64_t>& bounds, int64_t t_total,
+                                     int64_t k, int64_t n) {
+  const MGroupedGemmArgs& g = s.gemm;
+  if (!g.b.is_fp8_block() || g.b.data.per_expert())
+    throw Error("b", "an fp8_block A needs dense fp8_block weights (128x128 blocks)");
+  const std::vector<int32_t> off = offsets_i32(bounds);
+  std::vector<float> d(static_cast<size_t>(t_total * n));
+  const auto* qa = g.a.mx.data.ptr<const uint8_t>();
+  const auto* sa = g.a.mx.scales.ptr<const float>();
+  const auto* qw = g.b.data.dense.ptr<const uint8_t>();
+  const auto* sw = g.b.scales.dense.ptr<const float>();
+  const int64_t experts = g.offsets.experts();
+  if (g.b_kn)
+    fp8_gemm_dgrad(qa, sa, t_total, k, qw, sw, experts, n, off.data(), d.data());
+  else
+    fp8_gemm_fprop(qa, sa, t_total, k, qw, sw, experts, n, off.data(), d.data());
+  return d;
+}
 
 }  // namespace
 
@@ -137,6 +165,8 @@ void gemm_m(const MGemmStep& s) {
   std::vector<float> acc(static_cast<size_t>(pad_m(kRowChunk) * np));            // [rows, np]
   std::vector<float> dc(want_db1 ? static_cast<size_t>(kRowChunk * 2 * f) : 0);  // fp32 dC [rows, 2F]
   std::vector<double> db1(want_db1 ? static_cast<size_t>(2 * f) : 0);
+  const bool fp8 = g.a.is_fp8_block();
+  const std::vector<float> prod = fp8 ? fp8_block_product(s, o, t_total, k, n) : std::vector<float>{};
 
   for (int64_t e = 0; e < experts; ++e) {
     const int64_t begin = o[e], end = o[e + 1];
@@ -144,13 +174,18 @@ void gemm_m(const MGemmStep& s) {
       if (want_db1) write_empty_grad(s.db1, e * 2 * f, 2 * f);
       continue;
     }
-    load_expert_kn(g.b, e, k, n, g.b_kn, bw.data(), np);
+    if (!fp8) load_expert_kn(g.b, e, k, n, g.b_kn, bw.data(), np);
     std::fill(db1.begin(), db1.end(), 0.0);
     for (int64_t t0 = begin; t0 < end; t0 += kRowChunk) {
       const int64_t rows = std::min(kRowChunk, end - t0), mp = pad_m(rows);
-      load_rows(g.a, k, t0, t0 + rows, aw.data(), k);
-      std::fill(aw.begin() + rows * k, aw.begin() + mp * k, 0.0f);
-      gemm_f32(mp, np, k, aw.data(), k, bw.data(), np, acc.data(), np, /*accumulate=*/false);
+      if (fp8) {
+        for (int64_t r = 0; r < rows; ++r)
+          std::copy_n(prod.data() + (t0 + r) * n, n, acc.data() + r * np);
+      } else {
+        load_rows(g.a, k, t0, t0 + rows, aw.data(), k);
+        std::fill(aw.begin() + rows * k, aw.begin() + mp * k, 0.0f);
+        gemm_f32(mp, np, k, aw.data(), k, bw.data(), np, acc.data(), np, /*accumulate=*/false);
+      }
 
 #pragma omp parallel if (parallel_worth(rows * n * 4))
       {
@@ -199,10 +234,23 @@ void gemm_k(const KGroupedGemmArgs& a) {
   std::vector<float> at(static_cast<size_t>(mp * kTokenChunk));        // A^T rows, fp32 [mp, tokens]
   std::vector<float> bt(static_cast<size_t>(kTokenChunk * np), 0.0f);  // B rows, fp32 [tokens, np]
   std::vector<float> acc(static_cast<size_t>(mp * np));
+  // FP8 blockwise (token blocks): every expert's fp32 product [E, m, n] at once (empty groups 0).
+  const bool fp8 = a.a.is_fp8_block();
+  std::vector<float> prod;
+  if (fp8) {
+    if (!a.b.is_fp8_block()) throw Error("b", "a and b must both be fp8_block");
+    const std::vector<int32_t> off = offsets_i32(o);
+    prod.resize(static_cast<size_t>(experts * m * n));
+    fp8_gemm_wgrad(a.a.mx.data.ptr<const uint8_t>(), a.a.mx.scales.ptr<const float>(), m,
+                   a.b.mx.data.ptr<const uint8_t>(), a.b.mx.scales.ptr<const float>(), n, t_total, off.data(),
+                   experts, prod.data());
+  }
 
   for (int64_t e = 0; e < experts; ++e) {
     const int64_t begin = o[e], end = o[e + 1];
-    if (begin == end) {
+    if (fp8) {
+      for (int64_t i = 0; i < m; ++i) std::copy_n(prod.data() + (e * m + i) * n, n, acc.data() + i * np);
+    } else if (begin == end) {
       std::fill(acc.begin(), acc.end(), 0.0f);  // D_e = 0 (beta 0); untouched when accumulating
     } else {
       for (int64_t t0 = begin; t0 < end; t0 += kTokenChunk) {

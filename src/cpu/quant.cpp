@@ -20,7 +20,9 @@
 
 #include "mxmoe/numerics.h"
 #include "src/common/experts.h"
+#include "src/common/fp8_block.h"
 #include "src/cpu/cpu_ops.h"
+#include "src/cpu/fp8_block.h"
 #include "src/cpu/gemm_core.h"
 
 namespace mxmoe::cpu {
@@ -135,11 +137,52 @@ void quantize_col_block(const uint16_t* src, uint8_t* dst, int64_t k, const ColB
   }
 }
 
+// Host offsets as the fp8_block functions take them: 0, the group ends (clamped into [0, total],
+// monotone, as groups_of() reads them), total; empty for one group.
+std::vector<int32_t> fp8_offsets(const GroupOffsets& g, int64_t total) {
+  std::vector<int32_t> o;
+  if (g.offsets.data == nullptr) return o;
+  o.push_back(0);
+  for (const Group& gr : groups_of(g, total)) o.push_back(static_cast<int32_t>(gr.begin + gr.rows));
+  o.back() = static_cast<int32_t>(total);  // the layer's host offsets end at T (validated)
+  return o;
+}
+
+void check_fp8_count(int64_t have, int64_t need, const char* what) {
+  if (have < need)
+    throw Error(what, "scale buffer has " + std::to_string(have) + " floats, needs " + std::to_string(need));
+}
+
+// FP8 blockwise outputs of quantize() (docs/numerics.md "FP8 blockwise").
+void quantize_fp8_block(const QuantizeArgs& a) {
+  const int64_t m = a.src.size(0), k = a.src.size(1);
+  const auto* src = a.src.ptr<const uint16_t>();
+  if (a.rowwise.data.data != nullptr) {
+    check_fp8_count(a.rowwise.scales.numel(), fp8_rowwise_scale_count(m, k), "rowwise.scales");
+    fp8_quantize_rows(src, m, k, a.pow2_scales, a.rowwise.data.ptr<uint8_t>(), a.rowwise.scales.ptr<float>());
+  }
+  if (a.colwise.data.data != nullptr) {
+    const std::vector<int32_t> off = fp8_offsets(a.groups, m);
+    const int64_t experts = off.empty() ? 1 : static_cast<int64_t>(off.size()) - 1;
+    const int64_t scale_rows = k > 0 ? a.colwise.scales.numel() / k : 0;
+    fp8_quantize_token_blocks(src, m, k, off.empty() ? nullptr : off.data(), experts, a.pow2_scales,
+                              a.colwise.data.ptr<uint8_t>(), a.colwise.scales.ptr<float>(), scale_rows);
+  }
+}
+
 }  // namespace
 
 void quantize(const QuantizeArgs& a) {
   const int64_t m = a.src.size(0), k = a.src.size(1);
   const auto* src = a.src.ptr<const uint16_t>();
+  const bool fp8_row = a.rowwise.data.data != nullptr && a.rowwise.format == QuantFormat::fp8_block;
+  const bool fp8_col = a.colwise.data.data != nullptr && a.colwise.format == QuantFormat::fp8_block;
+  if (fp8_row || fp8_col) {
+    if ((a.rowwise.data.data != nullptr && !fp8_row) || (a.colwise.data.data != nullptr && !fp8_col))
+      throw Error("colwise", "rowwise and colwise outputs of one quantize must have the same format");
+    quantize_fp8_block(a);
+    return;
+  }
 
   if (a.rowwise.data.data != nullptr) {
     const Mxfp8View& out = a.rowwise;
@@ -225,6 +268,15 @@ void write_dequantized(const detail::QuantizeExpertsStep& s, int64_t scale_bytes
 void quantize_experts(const detail::QuantizeExpertsStep& s) {
   const int64_t rows = s.rows, cols = s.cols, elems = rows * cols;
   const ExpertPtrs src = expert_ptrs(s.src, elems, sizeof(uint16_t));
+  if (s.format == QuantFormat::fp8_block) {
+    // 128x128 blocks of each expert's [rows, cols] (one copy for fprop and dgrad).
+    const int64_t per = fp8_weight_scale_count(rows, cols);
+    check_fp8_count(s.scales.numel(), s.experts * per, "scales");
+    for (int64_t e = 0; e < s.experts; ++e)
+      fp8_quantize_weights(src.at<const uint16_t>(e), 1, rows, cols, s.pow2_scales, s.data.ptr<uint8_t>() + e * elems,
+                           s.scales.ptr<float>() + e * per);
+    return;
+  }
   auto* data = s.data.ptr<uint8_t>();
   auto* scales = s.scales.ptr<uint8_t>();
   const int64_t scale_bytes =

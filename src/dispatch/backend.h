@@ -77,6 +77,7 @@ struct MGemmStep {
   TensorView dprobs;                 // glu_backward: f32 [T] = rowsum(dA * act(C)) + dprob_add
   TensorView dprob_add;              // optional f32 [T]
   GradOut db1;                       // glu_backward: db1_e = sum over the group's rows of fp32 dC
+  bool pow2_scales = false;          // fp8_block out_row / out_col: power-of-two scales
 };
 
 // The GEMM's N: 2F for glu_forward, F for glu_backward, the output's columns for store.
@@ -100,6 +101,10 @@ struct QuantizeExpertsStep {
   BlockAxis axis = BlockAxis::row;
   ScaleLayout layout = ScaleLayout::compact;
   TensorView dequantized;  // optional bf16 [E, rows, cols]: data x 2^(scale - 127), rounded to bf16
+  // fp8_block: 128x128 blocks, scales f32 [E, fp8_weight_scale_count(rows, cols)] (axis, layout and
+  // dequantized unused).
+  QuantFormat format = QuantFormat::mxfp8;
+  bool pow2_scales = false;
 };
 
 // db2_e = sum_{t in e} (scale_by_probs ? p_t : 1) * dY_t;  dprob_add_t = dY_t . b2_{e(t)} when

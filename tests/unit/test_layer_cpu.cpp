@@ -3,6 +3,9 @@
 // main-grad accumulation, empty experts).
 #include <gtest/gtest.h>
 
+#include "src/common/fp8_block.h"
+#include "src/common/glu.h"
+#include "src/cpu/fp8_block.h"
 #include "src/cpu/reference_f64.h"
 #include "tests/layer_support.h"
 
@@ -125,7 +128,7 @@ TEST(CpuLayer, Mxfp8ClampedForwardStaysNearFp64) {
 }
 
 TEST(CpuLayer, DenseAndPerExpertWeightsAreBitIdentical) {
-  for (Recipe r : {Recipe::mxfp8, Recipe::bf16}) {
+  for (Recipe r : {Recipe::mxfp8, Recipe::bf16, Recipe::fp8_blockwise}) {
     Problem p = make_problem(r, Activation::clamped_swiglu, GluLayout::interleave32, true, true, true);
     LayerData d = make_layer_data(p, kSizes, 4.0f);
     Context ctx({.backend = "cpu"});
@@ -142,7 +145,7 @@ TEST(CpuLayer, DenseAndPerExpertWeightsAreBitIdentical) {
 }
 
 TEST(CpuLayer, DeferredWgradIsBitIdenticalToImmediate) {
-  for (Recipe r : {Recipe::mxfp8, Recipe::bf16}) {
+  for (Recipe r : {Recipe::mxfp8, Recipe::bf16, Recipe::fp8_blockwise}) {
     Problem p = make_problem(r, Activation::swiglu, GluLayout::halves, true, true, false);
     LayerData d = make_layer_data(p, kSizes);
     Context ctx({.backend = "cpu"});
@@ -201,7 +204,7 @@ TEST(CpuLayer, Bf16WeightGradientsMatchF32Rounded) {
 
 TEST(CpuLayer, EdgeSplitsRunAndEveryOutputIsWritten) {
   const std::vector<std::vector<int>> splits = {{0, 0, 0, 0}, {1, 0, 0, 0}, {0, 0, 0, 200}, {1, 1, 1, 1}};
-  for (Recipe r : {Recipe::mxfp8, Recipe::bf16}) {
+  for (Recipe r : {Recipe::mxfp8, Recipe::bf16, Recipe::fp8_blockwise}) {
     for (const auto& s : splits) {
       Problem p = make_problem(r, Activation::swiglu, GluLayout::interleave32, true, true, true);
       LayerData d = make_layer_data(p, s);
@@ -235,6 +238,119 @@ TEST(CpuLayer, SavedBytesMatchTheSavedTensors) {
   const int64_t T = d.tokens, H = p.hidden, F = p.ffn, E = p.experts;
   const int64_t expected = T * 2 * F * 2 + T * H + colwise_scale_bytes(T, H, E) + T * F + colwise_scale_bytes(T, F, E);
   EXPECT_EQ(o.saved_bytes, expected);
+}
+
+// ---- fp8_blockwise (docs/numerics.md "FP8 blockwise") ----
+
+TEST(CpuLayer, Fp8BlockwiseRecipeSwigluWithinSanityToleranceOfFp64) {
+  for (bool pow2 : {false, true})
+    for (const Variant& v : kVariants) {
+      if (v.act != Activation::swiglu) continue;  // clamped: a quantized value may flip a mask
+      Problem p = make_problem(Recipe::fp8_blockwise, v.act, v.glu, v.b1, v.b2, v.scale);
+      p.pow2_scales = pow2;
+      SCOPED_TRACE(describe(p));
+      LayerData d = make_layer_data(p, kSizes);
+      Context ctx({.backend = "cpu"});
+      expect_near_reference(run_layer(ctx, Device{}, d), reference(d), p, 0.1, 0.1);
+    }
+}
+
+// The layer's y and dW2 against the same points composed here from the fp8_block primitives: X and
+// A row-wise (1x128), W1 and W2 in 128x128 blocks, the GEMM rule with promotion every 128, the GLU
+// of src/common/glu.h; dY and A in 128-token blocks restarting at each group for dW2. Bit for bit:
+// the layer must apply exactly these points in this order (H = 128, F = 96: partial blocks along F,
+// 2F and every group's tokens).
+TEST(CpuLayer, Fp8BlockwiseForwardAndFc2WgradAreTheComposedSamePoints) {
+  for (bool pow2 : {false, true}) {
+    Problem p = make_problem(Recipe::fp8_blockwise, Activation::clamped_swiglu, GluLayout::interleave32, true, true, true);
+    p.pow2_scales = pow2;
+    SCOPED_TRACE(describe(p));
+    LayerData d = make_layer_data(p, {37, 0, 150, 95}, 4.0f);
+    Context ctx({.backend = "cpu"});
+    const LayerOutputs o = run_layer(ctx, Device{}, d);
+    const int64_t T = d.tokens, H = p.hidden, F = p.ffn, E = p.experts;
+    const int32_t* off = d.offsets.ptr<int32_t>();
+    const auto* x = d.x.ptr<uint16_t>();
+    const auto* probs = d.probs.ptr<float>();
+
+    std::vector<uint8_t> xq(T * H), w1q(E * 2 * F * H), aq(T * F), w2q(E * H * F);
+    std::vector<float> xs(fp8_rowwise_scale_count(T, H)), w1s(E * fp8_weight_scale_count(2 * F, H)),
+        as(fp8_rowwise_scale_count(T, F)), w2s(E * fp8_weight_scale_count(H, F));
+    cpu::fp8_quantize_rows(x, T, H, pow2, xq.data(), xs.data());
+    cpu::fp8_quantize_weights(d.w1.ptr<uint16_t>(), E, 2 * F, H, pow2, w1q.data(), w1s.data());
+    std::vector<float> c(T * 2 * F);
+    cpu::fp8_gemm_fprop(xq.data(), xs.data(), T, H, w1q.data(), w1s.data(), E, 2 * F, off, c.data());
+    std::vector<uint16_t> a(T * F);
+    const GluParams glu{p.activation, p.clamp};
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t t = off[e]; t < off[e + 1]; ++t) {
+        float* row = c.data() + t * 2 * F;
+        for (int64_t j = 0; j < 2 * F; ++j) row[j] += f32_from_bf16(d.b1.ptr<uint16_t>()[e * 2 * F + j]);
+        for (int64_t i = 0; i < F; ++i)
+          a[t * F + i] = bf16_from_f32(probs[t] * glu_forward(row[glu_a_col(i, F, p.glu_layout)],
+                                                              row[glu_b_col(i, F, p.glu_layout)], glu));
+      }
+    cpu::fp8_quantize_rows(a.data(), T, F, pow2, aq.data(), as.data());
+    cpu::fp8_quantize_weights(d.w2.ptr<uint16_t>(), E, H, F, pow2, w2q.data(), w2s.data());
+    std::vector<float> y(T * H);
+    cpu::fp8_gemm_fprop(aq.data(), as.data(), T, F, w2q.data(), w2s.data(), E, H, off, y.data());
+    int64_t y_diff = 0;
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t t = off[e]; t < off[e + 1]; ++t)
+        for (int64_t j = 0; j < H; ++j) {
+          const float b = probs[t] * f32_from_bf16(d.b2.ptr<uint16_t>()[e * H + j]);  // scale_fc2_bias
+          y_diff += o.y.ptr<uint16_t>()[t * H + j] != bf16_from_f32(y[t * H + j] + b);
+        }
+    EXPECT_EQ(y_diff, 0) << "y elements differing from the composed same points";
+
+    const int64_t rows = fp8_token_block_rows_capacity(T, E);
+    std::vector<uint8_t> dyt(T * H), at(T * F);
+    std::vector<float> dys(rows * H), ats(rows * F), dw2(E * H * F);
+    cpu::fp8_quantize_token_blocks(d.dy.ptr<uint16_t>(), T, H, off, E, pow2, dyt.data(), dys.data(), rows);
+    cpu::fp8_quantize_token_blocks(a.data(), T, F, off, E, pow2, at.data(), ats.data(), rows);
+    cpu::fp8_gemm_wgrad(dyt.data(), dys.data(), H, at.data(), ats.data(), F, T, off, E, dw2.data());
+    int64_t w_diff = 0;
+    for (int64_t i = 0; i < E * H * F; ++i) w_diff += o.dw2.ptr<float>()[i] != dw2[i];
+    EXPECT_EQ(w_diff, 0) << "dW2 elements differing from the composed same points";
+  }
+}
+
+TEST(CpuLayer, Fp8BlockwiseSavesFp8ColumnsWithTokenBlockScales) {
+  Problem p = make_problem(Recipe::fp8_blockwise, Activation::swiglu, GluLayout::halves, false, false, false);
+  LayerData d = make_layer_data(p, kSizes);
+  Context ctx({.backend = "cpu"});
+  LayerOutputs o = run_layer(ctx, Device{}, d);
+  const int64_t T = d.tokens, H = p.hidden, F = p.ffn, E = p.experts;
+  const int64_t blocks = ceil_div(T, kFp8Block) + E;
+  EXPECT_EQ(o.saved_bytes, T * 2 * F * 2 + T * H + 4 * blocks * H + T * F + 4 * blocks * F);
+  std::vector<std::string> steps;
+  for (const StepRecord& r : o.report) steps.push_back(r.step);
+  // One weight copy (128x128 blocks serve fprop and dgrad): quantize_w1 / quantize_w2 (repeated
+  // steps are merged in the report), never a column-wise copy.
+  for (const std::string& s : steps) EXPECT_EQ(s.find("_col"), std::string::npos) << s;
+  EXPECT_EQ(std::count(steps.begin(), steps.end(), "quantize_w1"), 1);
+  EXPECT_EQ(std::count(steps.begin(), steps.end(), "quantize_w2"), 1);
+  EXPECT_EQ(std::count(steps.begin(), steps.end(), "quantize_dy"), 1);
+}
+
+TEST(CpuLayer, Pow2ScalesAreFp8BlockwiseOnly) {
+  Problem p = make_problem(Recipe::mxfp8, Activation::swiglu, GluLayout::halves, false, false, false);
+  p.pow2_scales = true;
+  try {
+    validate_problem(p);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "problem.pow2_scales");
+  }
+  p.recipe = Recipe::fp8_blockwise;
+  p.hidden = 40;
+  try {
+    validate_problem(p);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "problem.hidden");
+    EXPECT_NE(std::string(e.what()).find("multiple of 16"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

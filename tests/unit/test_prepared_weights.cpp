@@ -48,7 +48,7 @@ bool has_weight_quantize(const std::vector<StepRecord>& report) {
 }
 
 TEST(PreparedWeights, ForwardAndBackwardBitIdenticalToQuantizingPerCall) {
-  for (Recipe r : {Recipe::mxfp8, Recipe::bf16})
+  for (Recipe r : {Recipe::mxfp8, Recipe::bf16, Recipe::fp8_blockwise})
     for (GluLayout g : {GluLayout::halves, GluLayout::interleave32})
       for (bool biases : {false, true})
         for (WeightLayout wl : {WeightLayout::dense, WeightLayout::per_expert}) {
@@ -93,7 +93,7 @@ TEST(PreparedWeights, ReportHasPrepareStepsAndNoPerCallWeightQuantize) {
 }
 
 TEST(PreparedWeights, ReusedAcrossMicroBatchesWithDifferentSplits) {
-  for (Recipe r : {Recipe::mxfp8, Recipe::bf16}) {
+  for (Recipe r : {Recipe::mxfp8, Recipe::bf16, Recipe::fp8_blockwise}) {
     Problem p = make_problem(r, GluLayout::halves, true);
     SCOPED_TRACE(describe(p));
     LayerData first = make_layer_data(p, kSizes);

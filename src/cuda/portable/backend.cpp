@@ -17,8 +17,13 @@ class CudaPortableBackend final : public detail::Backend {
     if (f.major < 8) return {false, f.name + " is " + f.cc() + "; cuda_portable needs sm_80 or newer"};
     return {true, f.name + " (" + f.cc() + "), mma.sync bf16 kernels"};
   }
-  // Every step, every shape the entry points accept (the permute steps too: any E, T, K and H).
-  detail::Probe probe(const detail::StepQuery&) const override { return {true, ""}; }
+  // Every step, every shape the entry points accept (the permute steps too: any E, T, K and H), in
+  // the bf16 and mxfp8 recipes.
+  detail::Probe probe(const detail::StepQuery& q) const override {
+    if (q.recipe == Recipe::fp8_blockwise)
+      return {false, "the fp8_blockwise recipe has no cuda_portable kernels yet (issue 10); it runs on the cpu backend"};
+    return {true, ""};
+  }
   void quantize(Context& c, const QuantizeArgs& a) override { cuda::quantize(a, c.options().stream); }
   void dequantize(Context& c, const DequantizeArgs& a) override { cuda::dequantize(a, c.options().stream); }
   void quantize_experts(Context& c, const detail::QuantizeExpertsStep& s) override {

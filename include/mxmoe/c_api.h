@@ -30,7 +30,9 @@ typedef enum mxmoe_dtype {
   MXMOE_F32 = 0, MXMOE_F64 = 1, MXMOE_BF16 = 2, MXMOE_E4M3 = 3, MXMOE_E8M0 = 4, MXMOE_I32 = 5, MXMOE_I64 = 6
 } mxmoe_dtype;
 typedef enum mxmoe_device_type { MXMOE_CPU = 0, MXMOE_CUDA = 1 } mxmoe_device_type;
-typedef enum mxmoe_recipe { MXMOE_RECIPE_BF16 = 0, MXMOE_RECIPE_MXFP8 = 1 } mxmoe_recipe;
+/* FP8_BLOCKWISE: E4M3 with one fp32 scale per 128 values (1x128 activations, 128-token wgrad
+ * blocks, 128x128 weights); the cpu backend only so far. */
+typedef enum mxmoe_recipe { MXMOE_RECIPE_BF16 = 0, MXMOE_RECIPE_MXFP8 = 1, MXMOE_RECIPE_FP8_BLOCKWISE = 2 } mxmoe_recipe;
 typedef enum mxmoe_activation { MXMOE_SWIGLU = 0, MXMOE_CLAMPED_SWIGLU = 1 } mxmoe_activation;
 typedef enum mxmoe_glu_layout { MXMOE_GLU_HALVES = 0, MXMOE_GLU_INTERLEAVE32 = 1 } mxmoe_glu_layout;
 typedef enum mxmoe_weight_layout { MXMOE_WEIGHTS_DENSE = 0, MXMOE_WEIGHTS_PER_EXPERT = 1 } mxmoe_weight_layout;
@@ -46,7 +48,7 @@ typedef struct mxmoe_tensor {
 } mxmoe_tensor;
 
 /* Bounds (larger values are MXMOE_ERROR_INVALID_ARGUMENT naming the field): hidden and ffn in
- * [1, 2^20] (multiples of 32 for MXFP8, of 8 for BF16), experts in [1, 2^20], tokens T (rows of x)
+ * [1, 2^20] (multiples of 32 for MXFP8, of 16 for FP8_BLOCKWISE, of 8 for BF16), experts in [1, 2^20], tokens T (rows of x)
  * in [0, 2^31 - 1] (the offsets are int32). Every size derived from them is computed with overflow
  * checks. */
 typedef struct mxmoe_problem {
@@ -58,6 +60,8 @@ typedef struct mxmoe_problem {
   int32_t fc1_bias, fc2_bias, scale_fc2_bias;
   int32_t recipe;        /* mxmoe_recipe */
   int32_t weight_layout; /* mxmoe_weight_layout */
+  /* Appended (read when struct_size covers it, else 0): FP8_BLOCKWISE power-of-two scales. */
+  int32_t pow2_scales;
 } mxmoe_problem;
 
 /* Library memory (workspaces, saved state) from the caller; both NULL: the library's own. */

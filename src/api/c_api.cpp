@@ -123,11 +123,14 @@ ExpertMatrices experts(const mxmoe_experts& e, const char* name) {
   return m;
 }
 
+template <class S, class M>
+M appended(const S& s, M S::*member, size_t offset, M fallback);
+
 Problem problem(const mxmoe_problem& p) {
-  check_struct(p.struct_size, sizeof(mxmoe_problem), "problem");
+  check_struct(p.struct_size, offsetof(mxmoe_problem, pow2_scales), "problem");  // pow2_scales: appended
   check_enum(p.activation, MXMOE_CLAMPED_SWIGLU, "problem.activation");
   check_enum(p.glu_layout, MXMOE_GLU_INTERLEAVE32, "problem.glu_layout");
-  check_enum(p.recipe, MXMOE_RECIPE_MXFP8, "problem.recipe");
+  check_enum(p.recipe, MXMOE_RECIPE_FP8_BLOCKWISE, "problem.recipe");
   check_enum(p.weight_layout, MXMOE_WEIGHTS_PER_EXPERT, "problem.weight_layout");
   Problem q;
   q.hidden = p.hidden;
@@ -139,7 +142,10 @@ Problem problem(const mxmoe_problem& p) {
   q.fc1_bias = p.fc1_bias != 0;
   q.fc2_bias = p.fc2_bias != 0;
   q.scale_fc2_bias = p.scale_fc2_bias != 0;
-  q.recipe = p.recipe == MXMOE_RECIPE_MXFP8 ? Recipe::mxfp8 : Recipe::bf16;
+  q.recipe = p.recipe == MXMOE_RECIPE_MXFP8           ? Recipe::mxfp8
+             : p.recipe == MXMOE_RECIPE_FP8_BLOCKWISE ? Recipe::fp8_blockwise
+                                                      : Recipe::bf16;
+  q.pow2_scales = appended(p, &mxmoe_problem::pow2_scales, offsetof(mxmoe_problem, pow2_scales), int32_t{0}) != 0;
   q.weight_layout = p.weight_layout == MXMOE_WEIGHTS_DENSE ? WeightLayout::dense : WeightLayout::per_expert;
   return q;
 }

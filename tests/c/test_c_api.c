@@ -496,6 +496,37 @@ int main(void) {
     CHECK(live == live_before, "leak after out-of-memory: %lld bytes", (long long)(live - live_before));
   }
 
+  /* FP8_BLOCKWISE (power-of-two scales): runs on the cpu backend, finite outputs, prepared weights
+   * bit-identical; a struct without the appended pow2_scales is read as 0; recipe 3 is refused. */
+  {
+    mxmoe_problem q = p;
+    q.recipe = MXMOE_RECIPE_FP8_BLOCKWISE;
+    q.pow2_scales = 1;
+    static uint16_t y_a[T * H], y_b[T * H], dx_a[T * H], dx_b[T * H];
+    static float w_a[E * 2 * F * H], w_b[E * 2 * F * H];
+    mxmoe_backward_args b = ba;
+    b.grads = g;
+    run_once(ctx, &q, &fa, &b, NULL, y_a, dx_a, w_a);
+    int fin = 1;
+    for (int i = 0; i < T * H; ++i) fin &= isfinite(from_bf16(y_a[i])) && isfinite(from_bf16(dx_a[i]));
+    CHECK(fin, "fp8_blockwise y / dx not finite");
+    CHECK(strcmp(mxmoe_context_step_backend(ctx, "fc1_wgrad"), "cpu") == 0, "backend of fc1_wgrad");
+    mxmoe_prepared_weights pw = NULL;
+    CHECK(mxmoe_prepare_weights(ctx, &q, &fa.w1, &fa.w2, &pw) == MXMOE_OK, "%s", mxmoe_last_error());
+    run_once(ctx, &q, &fa, &b, pw, y_b, dx_b, w_b);
+    CHECK(memcmp(y_a, y_b, sizeof y_a) == 0 && memcmp(dx_a, dx_b, sizeof dx_a) == 0 && memcmp(w_a, w_b, sizeof w_a) == 0,
+          "fp8_blockwise with prepared weights differs");
+    mxmoe_prepared_weights_destroy(pw);
+    q.pow2_scales = 0;
+    q.struct_size = offsetof(mxmoe_problem, pow2_scales);
+    run_once(ctx, &q, &fa, &b, NULL, y_b, dx_b, w_b);
+    CHECK(memcmp(y_a, y_b, sizeof y_a) != 0, "pow2 scales should change y (both runs identical)");
+    q.recipe = 3;
+    CHECK(mxmoe_forward(ctx, &q, &fa, &saved) == MXMOE_ERROR_INVALID_ARGUMENT &&
+              strstr(mxmoe_last_error(), "problem.recipe") != NULL,
+          "recipe 3: %s", mxmoe_last_error());
+  }
+
   lifetimes(&p, &fa, &ba, &g);
   prepared_weights(&p, &fa, &ba, &g);
   permute_unpermute(ctx);

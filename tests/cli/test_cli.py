@@ -93,6 +93,17 @@ def case_small_tokens():
     expect(["run", "--backend", "cpu", "--tokens", "5", "--recipe", "bf16"], 0, "run --tokens 5 --recipe bf16 passes")
 
 
+def case_fp8_blockwise():
+    """--recipe fp8_blockwise runs on the CPU (no GPU kernels yet) and passes its checks; --pow2-scales
+    is taken with it and refused with another recipe."""
+    for extra in ([], ["--pow2-scales"]):
+        expect(["run", "--tokens", "200", "--skew", "--bias", "--recipe", "fp8_blockwise"] + extra, 0,
+               "run --recipe fp8_blockwise %s passes" % " ".join(extra),
+               stdout_has=("fp64 reference", "result    PASS"))
+    expect(["run", "--backend", "cpu", "--tokens", "8", "--recipe", "mxfp8", "--pow2-scales"], 2,
+           "--pow2-scales with mxfp8 is a usage error", stderr_has=("pow2_scales",))
+
+
 def case_output_paths():
     """Bad --json/--dump paths are refused before the run; a failed write is an error; files are atomic."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -217,6 +228,7 @@ def case_json_fields():
 CASES = {
     "zero_tokens": case_zero_tokens,
     "small_tokens": case_small_tokens,
+    "fp8_blockwise": case_fp8_blockwise,
     "output_paths": case_output_paths,
     "memory_and_bounds": case_memory_and_bounds,
     "usage": case_usage,

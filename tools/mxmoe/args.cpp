@@ -161,8 +161,10 @@ std::optional<int> parse_args(int argc, char** argv, CliOptions& o) {
   int_option(run, "--experts", o.experts, 1, kMaxExperts, "E: override the preset's expert count");
   int_option(run, "--tokens", o.tokens, 0, kMaxTokens, "T: override the preset's token count");
   run->add_flag("--skew", o.skew, "skewed token split (Dirichlet(0.5), some experts empty); default balanced");
-  enum_option<Recipe>(run, "--recipe", o.recipe, {{"mxfp8", Recipe::mxfp8}, {"bf16", Recipe::bf16}},
-                      "numeric recipe (default mxfp8)");
+  enum_option<Recipe>(run, "--recipe", o.recipe,
+                      {{"mxfp8", Recipe::mxfp8}, {"bf16", Recipe::bf16}, {"fp8_blockwise", Recipe::fp8_blockwise}},
+                      "numeric recipe (default mxfp8; fp8_blockwise runs on the cpu backend only so far)");
+  run->add_flag("--pow2-scales", o.pow2_scales, "fp8_blockwise: power-of-two scales");
   enum_option<Activation>(run, "--activation", o.activation,
                           {{"swiglu", Activation::swiglu}, {"clamped_swiglu", Activation::clamped_swiglu}},
                           "activation (default: the preset's)");

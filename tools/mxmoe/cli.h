@@ -44,6 +44,7 @@ struct CliOptions {
   bool skew = false;
   bool bias = false;
   bool scale_fc2_bias = false;
+  bool pow2_scales = false;  // fp8_blockwise: power-of-two scales
   uint64_t seed = 1;
   std::string backend;
   std::vector<std::string> deny;

@@ -39,7 +39,7 @@ Sizes sizes(const Problem& p, double tokens, double experts) {
   const double H = double(p.hidden), F = double(p.ffn), T = tokens, E = experts;
   const double A = T * H, W = E * 3 * F * H, I = T * F;
   const double B = (p.fc1_bias || p.fc2_bias) ? E * (2 * F + H) : 0;
-  const bool mx = p.recipe == Recipe::mxfp8;
+  const bool mx = p.recipe != Recipe::bf16;
   Sizes s;
   s.data = 4 * A + 2 * W + 4 * T + 2 * B + 8 * (E + 1);
   s.result = 4 * A + 4 * W + 4 * T + 4 * B;

@@ -47,6 +47,7 @@ RunConfig resolve_config(const CliOptions& o, bool gpu_run) {
   p.weight_layout = o.weight_layout.value_or(WeightLayout::dense);
   p.fc1_bias = p.fc2_bias = o.bias;
   p.scale_fc2_bias = o.scale_fc2_bias;
+  p.pow2_scales = o.pow2_scales;
   if (c.tokens > std::numeric_limits<int32_t>::max())
     throw UsageError("--tokens " + std::to_string(c.tokens) + " does not fit the int32 group offsets");
   try {

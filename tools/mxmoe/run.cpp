@@ -270,7 +270,9 @@ void progress(const char* phase) { std::fprintf(stderr, "mxmoe: %s\n", phase); }
 }  // namespace
 
 int command_run(const CliOptions& o) {
-  const bool gpu = cuda_device_count() > 0 && o.backend != "cpu";
+  // fp8_blockwise has CPU kernels only so far: without a --backend it runs on the CPU (and says so).
+  const bool fp8_on_cpu = o.recipe == Recipe::fp8_blockwise && o.backend.empty() && cuda_device_count() > 0;
+  const bool gpu = cuda_device_count() > 0 && o.backend != "cpu" && !fp8_on_cpu;
   const RunConfig cfg = resolve_config(o, gpu);
   const Problem& p = cfg.problem;
   const int64_t T = cfg.tokens, H = p.hidden, F = p.ffn, E = p.experts;
@@ -332,7 +334,10 @@ int command_run(const CliOptions& o) {
   // still checks that the sub-problems reproduce the run's rows and experts (expected: exactly).
   const bool same_points = gpu || sampled;
   if (!same_points) rep.notes.push_back("the run is the CPU reference backend itself: no same-points check");
-  if (p.recipe == Recipe::mxfp8 && p.activation == Activation::clamped_swiglu)
+  if (fp8_on_cpu)
+    rep.notes.push_back("fp8_blockwise has no GPU kernels yet (cuda_portable and cuda_sm90 refuse it): the run is on "
+                        "the CPU reference backend");
+  if (p.recipe != Recipe::bf16 && p.activation == Activation::clamped_swiglu)
     rep.notes.push_back(
         "clamped SwiGLU: a quantized value may cross the clamp limit and flip its mask, so the "
         "fp64 bound is loose (0.25); the same-points check is authoritative");

@@ -28,8 +28,14 @@ def colwise_matrix_scale_bytes(rows, cols):
     return _round_up((rows + BLOCK - 1) // BLOCK, 4) * _round_up(cols, 128)
 
 
-def _colwise(like, rows, cols, groups):
-    return [like.new_empty((rows, cols), dtype=E4M3), like.new_empty((colwise_scale_bytes(rows, cols, groups),), dtype=SCALE)]
+FP8_BLOCK_RECIPES = ("fp8_blockwise", "fp8_blockwise_pow2")
+
+
+def _colwise(like, rows, cols, groups, recipe="mxfp8"):
+    data = like.new_empty((rows, cols), dtype=E4M3)
+    if recipe in FP8_BLOCK_RECIPES:  # f32 scales of 128-token blocks per group (src/common/fp8_block.h)
+        return [data, like.new_empty((((rows + 127) // 128 + groups) * cols,), dtype=torch.float32)]
+    return [data, like.new_empty((colwise_scale_bytes(rows, cols, groups),), dtype=SCALE)]
 
 
 def _layer_devices(op, x, dy=None, saved=None, offsets=None, probs=None, w1=None, b1=None, w2=None, b2=None, *rest):
@@ -45,20 +51,21 @@ def _dims(w1):
 
 def _saved(like, recipe, tokens, experts, ffn, hidden):
     saved = [like.new_empty((tokens, 2 * ffn), dtype=torch.bfloat16)]
-    if recipe == "mxfp8":
-        return saved + _colwise(like, tokens, hidden, experts) + _colwise(like, tokens, ffn, experts)
+    if recipe != "bf16":
+        return saved + _colwise(like, tokens, hidden, experts, recipe) + _colwise(like, tokens, ffn, experts, recipe)
     return saved + [like.new_empty((tokens, ffn), dtype=torch.bfloat16)]
 
 
 def _deferred(like, recipe, tokens, experts, ffn, hidden):
-    if recipe == "mxfp8":
-        return _colwise(like, tokens, hidden, experts) + _colwise(like, tokens, 2 * ffn, experts)
+    if recipe != "bf16":
+        return _colwise(like, tokens, hidden, experts, recipe) + _colwise(like, tokens, 2 * ffn, experts, recipe)
     return [like.new_empty((tokens, 2 * ffn), dtype=torch.bfloat16)]
 
 
 def deferred_buffers(like, recipe, tokens, experts, ffn, hidden):
     """The deferred-wgrad list grouped_mlp_backward_ fills (scales zeroed, as the op's own are)."""
-    return [t.zero_() if t.dtype == SCALE else t for t in _deferred(like, recipe, tokens, experts, ffn, hidden)]
+    return [t.zero_() if t.dtype in (SCALE, torch.float32) else t
+            for t in _deferred(like, recipe, tokens, experts, ffn, hidden)]
 
 
 @torch.library.register_fake("mxmoe::grouped_mlp_prepare_weights")
@@ -117,7 +124,7 @@ def _grouped_mlp_backward_(dy, saved, x, offsets, probs, w1, b1, w2, b2, recipe,
 
 def _wgrad_dims(x, offsets, saved_tail, recipe):
     E = offsets.shape[0] - 1
-    if recipe == "mxfp8":
+    if recipe != "bf16":
         return E, saved_tail[2].shape[1], saved_tail[0].shape[1]
     return E, saved_tail[0].shape[1], x.shape[1]
 

@@ -179,10 +179,11 @@ def _add_grad(param, grad):
 
 ACTIVATIONS = ("swiglu", "clamped_swiglu")
 GLU_LAYOUTS = ("halves", "interleave32")
-RECIPES = ("mxfp8", "bf16")
+# "fp8_blockwise_pow2": fp8_blockwise with power-of-two scales (Problem::pow2_scales).
+RECIPES = ("mxfp8", "bf16", "fp8_blockwise", "fp8_blockwise_pow2")
 # Sizes the library takes per recipe (src/api/types.cpp validate_problem): hidden and ffn multiples of
 # this, experts and the sizes at most 2^20.
-_ALIGN = {"mxfp8": 32, "bf16": 8}
+_ALIGN = {"mxfp8": 32, "bf16": 8, "fp8_blockwise": 16, "fp8_blockwise_pow2": 16}
 _MAX_SIZE = 1 << 20
 
 
@@ -240,7 +241,10 @@ class GroupedMLP(nn.Module):
 
     Parameters: w1 [E, 2F, H], w2 [E, H, F] (bf16), b1 [E, 2F], b2 [E, H] when bias.
     activation: "swiglu" or "clamped_swiglu" (GPT-OSS: limit, alpha, linear_offset);
-    glu_layout: "halves" (a = C[:, :F], b = C[:, F:]) or "interleave32"; recipe: "mxfp8" or "bf16".
+    glu_layout: "halves" (a = C[:, :F], b = C[:, F:]) or "interleave32"; recipe: "mxfp8", "bf16",
+    "fp8_blockwise" (E4M3 with fp32 scales per 128 values, DeepSeek-V3 style; CPU tensors only so far:
+    the GPU backends have no kernels for it yet and refuse it, saying so) or "fp8_blockwise_pow2" (the
+    same with power-of-two scales).
 
     cache_prepared_weights (mxfp8): keep W1 and W2 quantized (row- and column-wise MXFP8, about the
     bf16 weights' size again, `prepared_weights_bytes`) from one forward to the next and for backward,
@@ -306,7 +310,7 @@ class GroupedMLP(nn.Module):
     def _prepared_weights(self):
         """The prepared weights for this forward and its backward (built or rebuilt when the key
         changed), or None where the ops quantize the weights per call."""
-        if self.recipe != "mxfp8" or not self.cache_prepared_weights:
+        if self.recipe == "bf16" or not self.cache_prepared_weights:
             return None  # the bf16 recipe reads the weights as given: nothing to prepare
         w1, w2 = self.w1, self.w2
         # torch.compile (and torch.export): the cache is Python state keyed by version counters,
@@ -372,7 +376,7 @@ class GroupedMLP(nn.Module):
         recipe, activation, _, _, _, glu_layout, _ = self.config
         text = (f"hidden={self.hidden}, ffn={self.ffn}, experts={self.experts}, recipe={recipe}, "
                 f"activation={activation}, glu_layout={glu_layout}, bias={self.b1 is not None}")
-        if recipe == "mxfp8":
+        if recipe != "bf16":
             text += f", cache_prepared_weights={self.cache_prepared_weights}"
             if self.prepared_weights_bytes:
                 text += f", prepared_weights_bytes={self.prepared_weights_bytes}"

@@ -13,10 +13,19 @@ import mxmoe_torch
 ops = torch.ops.mxmoe
 CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="no CUDA device"))]
-RECIPES = ["bf16", "mxfp8"]
+RECIPES = ["bf16", "mxfp8", "fp8_blockwise", "fp8_blockwise_pow2"]
 # docs/numerics.md "Tolerances" (relative Frobenius error vs an unquantized float64 reference).
 TOLERANCE = {("bf16", "swiglu"): 2e-2, ("bf16", "clamped_swiglu"): 2e-2,
-             ("mxfp8", "swiglu"): 0.1, ("mxfp8", "clamped_swiglu"): 0.25}
+             ("mxfp8", "swiglu"): 0.1, ("mxfp8", "clamped_swiglu"): 0.25,
+             ("fp8_blockwise", "swiglu"): 0.1, ("fp8_blockwise", "clamped_swiglu"): 0.25,
+             ("fp8_blockwise_pow2", "swiglu"): 0.1, ("fp8_blockwise_pow2", "clamped_swiglu"): 0.25}
+
+
+def needs_kernels(device, recipe):
+    """fp8_blockwise runs on the CPU backend only so far: on a GPU its cases are skipped, saying so
+    (test_fp8_blockwise_on_a_gpu_is_a_clear_error checks the refusal itself)."""
+    if device == "cuda" and recipe.startswith("fp8_blockwise"):
+        pytest.skip("fp8_blockwise has no GPU kernels yet: cuda_portable and cuda_sm90 refuse it")
 
 
 def rel_error(got, want):
@@ -194,6 +203,7 @@ def layer_opcheck_cases(device, recipe, bias):
 @pytest.mark.parametrize("recipe", RECIPES)
 @pytest.mark.parametrize("bias", [False, True])
 def test_layer_ops_pass_opcheck(device, recipe, bias):
+    needs_kernels(device, recipe)
     for op, args in layer_opcheck_cases(device, recipe, bias):
         opcheck(op, args)
 
@@ -292,6 +302,7 @@ def run_module(d, cfg, **module_kw):
 @pytest.mark.parametrize("activation", ["swiglu", "clamped_swiglu"])
 @pytest.mark.parametrize("bias", [False, True])
 def test_layer_gradients_match_float64_reference(device, recipe, activation, bias):
+    needs_kernels(device, recipe)
     # Clamped: large weights so that both clamps bind for some values (about 4% of a > L, 8% of
     # |b| > L). The masks are decided on the bf16 C the layer saves, so values within bf16 rounding
     # of L may flip; a small L (dense values at the boundary) would measure that, not the layer.
@@ -309,6 +320,7 @@ def test_layer_gradients_match_float64_reference(device, recipe, activation, bia
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_zero_token_experts_get_zero_weight_gradients(device, recipe):
+    needs_kernels(device, recipe)
     d = Data(device, [0, 48, 0, 0, 16, 0], bias=True, seed=5)
     _, got = run_module(d, config(recipe))
     for e in (0, 2, 3, 5):
@@ -321,6 +333,7 @@ def test_zero_token_experts_get_zero_weight_gradients(device, recipe):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_no_tokens_at_all(device, recipe):
+    needs_kernels(device, recipe)
     d = Data(device, [0, 0, 0], bias=True, seed=6)
     _, got = run_module(d, config(recipe))
     assert got["y"].shape == (0, 64) and got["dx"].shape == (0, 64)
@@ -331,6 +344,7 @@ def test_no_tokens_at_all(device, recipe):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_main_grad_accumulates_into_fp32_buffers(device, recipe):
+    needs_kernels(device, recipe)
     d = Data(device, [30, 0, 34], bias=True, seed=7)
     _, plain = run_module(d, config(recipe))
     m = mxmoe_torch.GroupedMLP(64, 64, 3, bias=True, recipe=recipe, accumulate_into_main_grad=True, device=device)
@@ -355,6 +369,7 @@ def test_main_grad_accumulates_into_fp32_buffers(device, recipe):
 @pytest.mark.parametrize("recipe", RECIPES)
 @pytest.mark.parametrize("main_grad", [False, True])
 def test_deferred_wgrad_matches_immediate(device, recipe, main_grad):
+    needs_kernels(device, recipe)
     d = Data(device, [12, 40, 0, 12], bias=True, seed=8)
     _, plain = run_module(d, config(recipe))
     m = mxmoe_torch.GroupedMLP(64, 64, 4, bias=True, recipe=recipe, delay_wgrad_compute=True,
@@ -390,6 +405,7 @@ class TinyMoE(torch.nn.Module):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_torch_compile_fullgraph_matches_eager(device, recipe):
+    needs_kernels(device, recipe)
     torch._dynamo.reset()
     model = TinyMoE(recipe, device)
     d = Data(device, [16, 0, 40, 8], seed=9)
@@ -409,6 +425,7 @@ def test_torch_compile_fullgraph_matches_eager(device, recipe):
 @pytest.mark.skipif(not CUDA, reason="no CUDA device")
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_cuda_graph_replays_with_changing_token_splits(recipe):
+    needs_kernels("cuda", recipe)
     torch.manual_seed(10)
     layer = mxmoe_torch.GroupedMLP(64, 64, 4, bias=True, recipe=recipe, device="cuda")
     T = 96
@@ -446,6 +463,7 @@ def test_training_loop_loss_goes_down(recipe):
     """A tiny regression: a teacher MoE makes targets, a fresh student fits them for 200 steps."""
     torch.manual_seed(11)
     device = "cuda" if CUDA else "cpu"
+    needs_kernels(device, recipe)
     counts = [24, 8, 0, 32]
     offsets = mxmoe_torch.offsets_from_counts(torch.tensor(counts, device=device))
     x = torch.randn(64, 32, device=device).bfloat16()
@@ -464,3 +482,20 @@ def test_training_loop_loss_goes_down(recipe):
         losses.append(loss.item())
     assert all(torch.isfinite(torch.tensor(losses)))
     assert sum(losses[-10:]) / 10 < 0.5 * sum(losses[:10]) / 10, (losses[:3], losses[-3:])
+
+
+@pytest.mark.skipif(not CUDA, reason="no CUDA device")
+def test_fp8_blockwise_on_a_gpu_is_a_clear_error():
+    layer = mxmoe_torch.GroupedMLP(64, 64, 2, recipe="fp8_blockwise", device="cuda")
+    x = torch.randn(16, 64, device="cuda", dtype=torch.bfloat16)
+    offsets = mxmoe_torch.offsets_from_counts(torch.tensor([8, 8], device="cuda"))
+    with pytest.raises(RuntimeError, match="fp8_blockwise"):
+        layer(x, offsets, torch.rand(16, device="cuda"))
+
+
+def test_fp8_blockwise_pow2_scales_change_the_result():
+    d = Data("cpu", [20, 0, 44], seed=11)
+    _, plain = run_module(d, config("fp8_blockwise"))
+    _, pow2 = run_module(d, config("fp8_blockwise_pow2"))
+    assert not torch.equal(plain["y"], pow2["y"])
+    assert rel_error(pow2["y"], plain["y"]) < 0.1

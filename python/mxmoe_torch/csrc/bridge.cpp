@@ -90,10 +90,12 @@ BlockAxis parse_axis(const std::string& s) {
   TORCH_CHECK(false, "mxmoe: axis must be 'row' or 'col', got '", s, "'");
 }
 
-Recipe parse_recipe(const std::string& s) {
-  if (s == "mxfp8") return Recipe::mxfp8;
-  if (s == "bf16") return Recipe::bf16;
-  TORCH_CHECK(false, "mxmoe: recipe must be 'mxfp8' or 'bf16', got '", s, "'");
+void set_recipe(Problem& p, const std::string& s) {
+  p.pow2_scales = s == "fp8_blockwise_pow2";
+  if (s == "mxfp8") p.recipe = Recipe::mxfp8;
+  else if (s == "bf16") p.recipe = Recipe::bf16;
+  else if (s == "fp8_blockwise" || s == "fp8_blockwise_pow2") p.recipe = Recipe::fp8_blockwise;
+  else TORCH_CHECK(false, "mxmoe: recipe must be 'mxfp8', 'bf16', 'fp8_blockwise' or 'fp8_blockwise_pow2', got '", s, "'");
 }
 
 Problem make_problem(const at::Tensor& w1, bool fc1_bias, bool fc2_bias, const LayerScalars& s) {
@@ -112,35 +114,51 @@ Problem make_problem(const at::Tensor& w1, bool fc1_bias, bool fc2_bias, const L
   p.fc1_bias = fc1_bias;
   p.fc2_bias = fc2_bias;
   p.scale_fc2_bias = s.scale_fc2_bias;
-  p.recipe = parse_recipe(s.recipe);
+  set_recipe(p, s.recipe);
   return p;
 }
 
 int64_t rowwise_scales(int64_t rows, int64_t cols) { return rowwise_scale_bytes(rows, cols); }
 int64_t colwise_scales(int64_t rows, int64_t cols, int64_t groups) { return colwise_scale_bytes(rows, cols, groups); }
 
+Mxfp8View colwise_view(const at::Tensor& data, const at::Tensor& scales) {
+  if (scales.scalar_type() == at::kFloat) {  // fp8_blockwise
+    Mxfp8View v;
+    v.data = view(data, DType::e4m3);
+    v.scales = view(scales);
+    v.axis = BlockAxis::col;
+    v.format = QuantFormat::fp8_block;
+    return v;
+  }
+  // Layers always use compact scales (Options default), so the saved scales need no layout tag.
+  return mx_view(data, scales, BlockAxis::col, ScaleLayout::compact);
+}
+
 namespace {
 
-// An MXFP8 column-wise pair (data, scales) grouped over E experts.
-void push_colwise(std::vector<at::Tensor>& out, int64_t T, int64_t cols, int64_t E, const at::TensorOptions& like) {
+// A column-wise pair (data, scales) grouped over E experts: MXFP8 (e8m0 bytes) or FP8 blockwise
+// (f32, 128-token blocks: (ceil(T/128) + E) x cols).
+void push_colwise(std::vector<at::Tensor>& out, const Problem& p, int64_t T, int64_t cols,
+                  const at::TensorOptions& like) {
+  const int64_t E = p.experts;
   out.push_back(at::empty({T, cols}, like.dtype(at::kFloat8_e4m3fn)));
   // Zeroed: the scale buffer is a capacity bound; rows no group uses stay deterministic.
-  out.push_back(at::zeros({colwise_scales(T, cols, E)}, like.dtype(at::kByte)));
+  if (p.recipe == Recipe::fp8_blockwise)
+    out.push_back(at::zeros({((T + 127) / 128 + E) * cols}, like.dtype(at::kFloat)));
+  else
+    out.push_back(at::zeros({colwise_scales(T, cols, E)}, like.dtype(at::kByte)));
 }
 
-Mxfp8View colwise_at(at::TensorList list, size_t i) {
-  // Layers always use compact scales (Options default), so the saved scales need no layout tag.
-  return mx_view(list[i], list[i + 1], BlockAxis::col, ScaleLayout::compact);
-}
+Mxfp8View colwise_at(at::TensorList list, size_t i) { return colwise_view(list[i], list[i + 1]); }
 
 }  // namespace
 
 std::vector<at::Tensor> empty_saved(const Problem& p, int64_t T, const at::TensorOptions& like) {
   std::vector<at::Tensor> out;
   out.push_back(at::empty({T, 2 * p.ffn}, like.dtype(at::kBFloat16)));
-  if (p.recipe == Recipe::mxfp8) {
-    push_colwise(out, T, p.hidden, p.experts, like);
-    push_colwise(out, T, p.ffn, p.experts, like);
+  if (p.recipe != Recipe::bf16) {
+    push_colwise(out, p, T, p.hidden, like);
+    push_colwise(out, p, T, p.ffn, like);
   } else {
     out.push_back(at::empty({T, p.ffn}, like.dtype(at::kBFloat16)));
   }
@@ -148,7 +166,7 @@ std::vector<at::Tensor> empty_saved(const Problem& p, int64_t T, const at::Tenso
 }
 
 StateBuffers saved_buffers(const Problem& p, at::TensorList saved) {
-  const bool mx = p.recipe == Recipe::mxfp8;
+  const bool mx = p.recipe != Recipe::bf16;
   TORCH_CHECK(saved.size() == (mx ? 5u : 2u), "mxmoe: the saved list of a ", to_string(p.recipe),
               " forward has ", mx ? 5 : 2, " tensors, got ", saved.size());
   StateBuffers b;
@@ -164,9 +182,9 @@ StateBuffers saved_buffers(const Problem& p, at::TensorList saved) {
 
 std::vector<at::Tensor> empty_deferred(const Problem& p, int64_t T, const at::TensorOptions& like) {
   std::vector<at::Tensor> out;
-  if (p.recipe == Recipe::mxfp8) {
-    push_colwise(out, T, p.hidden, p.experts, like);
-    push_colwise(out, T, 2 * p.ffn, p.experts, like);
+  if (p.recipe != Recipe::bf16) {
+    push_colwise(out, p, T, p.hidden, like);
+    push_colwise(out, p, T, 2 * p.ffn, like);
   } else {
     out.push_back(at::empty({T, 2 * p.ffn}, like.dtype(at::kBFloat16)));
   }
@@ -174,7 +192,7 @@ std::vector<at::Tensor> empty_deferred(const Problem& p, int64_t T, const at::Te
 }
 
 void add_deferred_buffers(StateBuffers& into, const Problem& p, at::TensorList deferred) {
-  const bool mx = p.recipe == Recipe::mxfp8;
+  const bool mx = p.recipe != Recipe::bf16;
   TORCH_CHECK(deferred.size() == (mx ? 4u : 1u), "mxmoe: the deferred-wgrad list of a ", to_string(p.recipe),
               " backward has ", mx ? 4 : 1, " tensors, got ", deferred.size());
   if (mx) {

@@ -60,7 +60,12 @@ struct LayerScalars {
 };
 // H, F, E from w1 [E, 2F, H]; the biases' presence sets fc1_bias / fc2_bias.
 Problem make_problem(const at::Tensor& w1, bool fc1_bias, bool fc2_bias, const LayerScalars& s);
-Recipe parse_recipe(const std::string& s);
+// A saved column-wise pair (data, scales) of a quantized recipe: MXFP8 (uint8 e8m0 scales, compact)
+// or FP8 blockwise (float32 scales).
+Mxfp8View colwise_view(const at::Tensor& data, const at::Tensor& scales);
+// recipe and pow2_scales from the ops' recipe string: "bf16", "mxfp8", "fp8_blockwise" or
+// "fp8_blockwise_pow2" (fp8_blockwise with power-of-two scales).
+void set_recipe(Problem& p, const std::string& s);
 
 // The saved list of grouped_mlp_forward: [c, a] (bf16) or [c, x_col, x_col_scales, a_col,
 // a_col_scales] (mxfp8). The wgrad ops take it without c.

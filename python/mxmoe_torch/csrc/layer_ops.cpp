@@ -114,8 +114,8 @@ BackwardRun run_backward(const at::Tensor& dy_in, at::TensorList saved, const La
 Problem wgrad_problem(const std::optional<at::Tensor>& x, const at::Tensor& offsets, at::TensorList saved_tail,
                       const std::string& recipe) {
   Problem p;
-  p.recipe = parse_recipe(recipe);
-  const bool mx = p.recipe == Recipe::mxfp8;
+  set_recipe(p, recipe);
+  const bool mx = p.recipe != Recipe::bf16;
   TORCH_CHECK(saved_tail.size() == (mx ? 4u : 1u), "mxmoe: grouped_mlp_wgrad takes the forward's saved list without "
               "its first tensor (", mx ? 4 : 1, " tensors for ", recipe, "), got ", saved_tail.size());
   TORCH_CHECK(mx || (x && x->defined()), "mxmoe: the bf16 wgrad needs x");
@@ -127,7 +127,7 @@ Problem wgrad_problem(const std::optional<at::Tensor>& x, const at::Tensor& offs
 
 void run_wgrad(const std::optional<at::Tensor>& x_in, const std::optional<at::Tensor>& dy_in, const at::Tensor& offsets,
                at::TensorList saved_tail, at::TensorList deferred, const Problem& p, const WeightGrads& grads) {
-  const bool mx = p.recipe == Recipe::mxfp8;
+  const bool mx = p.recipe != Recipe::bf16;
   const int64_t T = saved_tail[0].size(0);
   if (T == 0) return;
   std::optional<at::Tensor> x, dy;
@@ -138,8 +138,8 @@ void run_wgrad(const std::optional<at::Tensor>& x_in, const std::optional<at::Te
   }
   StateBuffers state;
   if (mx) {
-    state.x_col = mx_view(saved_tail[0], saved_tail[1], BlockAxis::col, ScaleLayout::compact);
-    state.a_col = mx_view(saved_tail[2], saved_tail[3], BlockAxis::col, ScaleLayout::compact);
+    state.x_col = colwise_view(saved_tail[0], saved_tail[1]);
+    state.a_col = colwise_view(saved_tail[2], saved_tail[3]);
   } else {
     state.a = view(saved_tail[0]);
   }

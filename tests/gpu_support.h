@@ -38,7 +38,7 @@ inline std::string gpu_unavailable_reason() {
 inline constexpr Device kGpu0{DeviceType::cuda, 0};
 
 // The backends the GPU suites run over: every registered backend that does not take host data, in
-// preference order ("cuda_sm90", "cuda_portable"), so a new device backend inherits every suite just
+// preference order ("cuda_sm100", "cuda_sm90", "cuda_portable"), so a new device backend inherits every suite just
 // by registering.
 inline std::vector<std::string> gpu_backend_names() {
   std::vector<std::string> names;

@@ -1,7 +1,7 @@
 // A registered backend that serves no step: it answers every probe "unavailable" with its reason,
 // so dispatch never calls a step on it; a direct call (a test, a bug) throws an Error that says so.
-// Used by the CUDA backends of a build without CUDA (no_cuda.cpp) and by cuda_sm90 while it has
-// no kernels.
+// Used by the CUDA backends of a build without CUDA (no_cuda.cpp), and as the base of cuda_sm90 and
+// cuda_sm100, which serve only some steps (or none, built without their kernels).
 #pragma once
 #include <string>
 

@@ -46,7 +46,8 @@ BackendInfo info_of(const std::string& name) {
 TEST(GpuSm100, ElsewhereUnavailableWithTheComputeCapabilityInTheReason) {
   MXMOE_REQUIRE_GPU();
   const std::string cc = device_cc();
-  if (cc == "sm_100") GTEST_SKIP() << "GPU test skipped: this is a compute capability 10.0 device (the self-check test covers it)";
+  if (cc == "sm_100")
+    GTEST_SKIP() << "GPU test skipped: this is a compute capability 10.0 device (the self-check test covers it)";
   const BackendInfo b = info_of("cuda_sm100");
   ASSERT_EQ(b.name, "cuda_sm100");
   EXPECT_FALSE(b.available);
@@ -87,7 +88,8 @@ TEST(GpuSm100, ForcedWhereItCannotRunIsAClearErrorAndWritesNothing) {
 TEST(GpuSm100, OnComputeCapability10TheSelfCheckIsCachedShownAndServesTheLayer) {
   MXMOE_REQUIRE_GPU();
   const std::string cc = device_cc();
-  if (cc != "sm_100") GTEST_SKIP() << "GPU test skipped: the self-check runs on compute capability 10.0 only, this is " << cc;
+  if (cc != "sm_100")
+    GTEST_SKIP() << "GPU test skipped: the self-check runs on compute capability 10.0 only, this is " << cc;
   const BackendInfo first = info_of("cuda_sm100");
   EXPECT_TRUE(has(first.reason, "self-check against cuda_portable")) << first.reason;
   EXPECT_EQ(info_of("cuda_sm100").reason, first.reason);  // cached: the same verdict, word for word

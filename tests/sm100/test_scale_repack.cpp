@@ -68,8 +68,8 @@ std::vector<uint8_t> repack_token_rows(const std::vector<uint8_t>& src, ScaleLay
       for (int64_t q = 0; q < c_pad / 4; ++q) {
         const int64_t r = g.tile_start * 128 + local;
         store_word(dst, word_offset(r, q, c_pad),
-                   pack_word(src.data(), [&](int64_t j) { return token_rows_source(g.begin, m, local, j, k, layout); },
-                             q));
+                   pack_word(
+                       src.data(), [&](int64_t j) { return token_rows_source(g.begin, m, local, j, k, layout); }, q));
       }
   }
   return dst;
@@ -91,7 +91,8 @@ TEST(Sm100ScaleRepack, TokenRowScalesStartEveryGroupAtItsOwnTile) {
       for (int64_t row = begin; row < begin + rows[g]; ++row)
         for (int64_t j = 0; j < kblocks; ++j) {
           const int64_t at = base + swizzled_scale_index(row - begin, j, c_pad);
-          ASSERT_EQ(dst[at], src[rowwise_scale_index(row, j, k, layout)]) << "group " << g << " row " << row << " j " << j;
+          ASSERT_EQ(dst[at], src[rowwise_scale_index(row, j, k, layout)])
+              << "group " << g << " row " << row << " j " << j;
           real[at] = true;
         }
       base += round_up(rows[g], 128) * c_pad;
@@ -131,12 +132,13 @@ TEST(Sm100ScaleRepack, ExpertScalesOfBothAxesAreOneSwizzledMatrixPerExpert) {
           for (int64_t q = 0; q < c_pad / 4; ++q) {
             const uint8_t* m = src.data() + e * per_expert;
             store_word(dst, word_offset(e * round_up(n, 128) + i, q, c_pad),
-                       pack_word(m,
-                                 [&](int64_t j) {
-                                   return axis == BlockAxis::row ? expert_rows_source(i, j, n, k, layout)
-                                                                 : expert_cols_source(i, j, n, k, layout);
-                                 },
-                                 q));
+                       pack_word(
+                           m,
+                           [&](int64_t j) {
+                             return axis == BlockAxis::row ? expert_rows_source(i, j, n, k, layout)
+                                                           : expert_cols_source(i, j, n, k, layout);
+                           },
+                           q));
           }
       std::vector<bool> real(dst.size(), false);
       for (int64_t e = 0; e < experts; ++e)
@@ -176,8 +178,8 @@ TEST(Sm100ScaleRepack, TokenColumnChunksAreTheSwizzledPlacementWithZeroPadding) 
         if (row < g.col_chunk || row >= g.col_chunk + c_pad) continue;
         const int64_t q = (row - g.col_chunk) / 4;
         store_word(dst, token_cols_offset(g.col_chunk, mn) + word_offset(i, q, c_pad),
-                   pack_word(src.data(), [&](int64_t j) { return token_cols_source(g.col_chunk, m, i, j, mn, layout); },
-                             q));
+                   pack_word(
+                       src.data(), [&](int64_t j) { return token_cols_source(g.col_chunk, m, i, j, mn, layout); }, q));
       }
     std::vector<bool> real(dst.size(), false);
     int64_t chunk = 0;

@@ -74,7 +74,8 @@ TEST(Sm100Probe, SelfCheckVerdictNamesTheLargestDifferenceAndWhere) {
   EXPECT_EQ(c.worst, 123);
   const detail::Probe v = self_check_verdict({compare_points("wgrad (beta 0)", want, want, at), c});
   EXPECT_FALSE(v.available);
-  EXPECT_TRUE(has(v.reason, "self-check against cuda_portable failed: fprop (1-SM): 1 of 1000 points differ")) << v.reason;
+  EXPECT_TRUE(has(v.reason, "self-check against cuda_portable failed: fprop (1-SM): 1 of 1000 points differ"))
+      << v.reason;
   EXPECT_TRUE(has(v.reason, "max abs diff " + format_number(std::fabs(got[123] - want[123])))) << v.reason;
   EXPECT_TRUE(has(v.reason, "at point 123")) << v.reason;
   EXPECT_TRUE(has(v.reason, "cuda_sm100 " + format_number(got[123]))) << v.reason;
@@ -185,6 +186,8 @@ TEST(Sm100Probe, GemmMRefusesWhatItCannotExpressWithTheReason) {
                     s.gemm.b.data.dense.dtype = DType::bf16;
                   }),
                   "BF16 operands"));
+  EXPECT_TRUE(has(refusal([](detail::MGemmStep& s) { s.gemm.a.mx.scales.dtype = DType::f32; }), "not E8M0"));
+  EXPECT_TRUE(has(refusal([](detail::MGemmStep& s) { s.gemm.b.scales.dense.dtype = DType::f32; }), "not E8M0"));
   EXPECT_TRUE(has(refusal([](detail::MGemmStep& s) { s.epilogue = detail::Epilogue::glu_forward; }), "glu_forward"));
   EXPECT_TRUE(has(refusal([](detail::MGemmStep& s) { s.epilogue = detail::Epilogue::glu_backward; }), "glu_backward"));
   EXPECT_TRUE(has(refusal([](detail::MGemmStep& s) {
@@ -232,6 +235,9 @@ TEST(Sm100Probe, GemmKTakesMxfp8ColumnWiseIntoF32AndRefusesTheRestWithTheReason)
   per_expert.d.dtype = DType::f32;
   EXPECT_TRUE(has(gemm_k_refusal(per_expert), "per-expert output pointers"));
   EXPECT_TRUE(has(gemm_k_refusal(wgrad_args(40, 208)), "M = 40, N = 208: both must be multiples of 16"));
+  KGroupedGemmArgs f32_scales = wgrad_args(160, 208);
+  f32_scales.b.mx.scales.dtype = DType::f32;
+  EXPECT_TRUE(has(gemm_k_refusal(f32_scales), "not E8M0"));
   KGroupedGemmArgs row = wgrad_args(160, 208);
   row.b.mx.axis = BlockAxis::row;
   EXPECT_TRUE(has(gemm_k_refusal(row), "column-wise"));
@@ -243,14 +249,20 @@ TEST(Sm100Probe, GemmKTakesMxfp8ColumnWiseIntoF32AndRefusesTheRestWithTheReason)
 
 TEST(Sm100Probe, NonGemmStepsAreLeftToTheNextBackendWithTheReason) {
   detail::Backend* b = detail::cuda_sm100_backend();
-  for (detail::Step s : {detail::Step::quantize, detail::Step::dequantize, detail::Step::quantize_experts,
-                         detail::Step::fc2_bias_grads, detail::Step::route_tokens, detail::Step::permute_rows,
-                         detail::Step::unpermute_rows}) {
+  for (detail::Step s :
+       {detail::Step::quantize, detail::Step::dequantize, detail::Step::quantize_experts, detail::Step::fc2_bias_grads,
+        detail::Step::route_tokens, detail::Step::permute_rows, detail::Step::unpermute_rows}) {
     const detail::Probe p = b->probe({s, kGpu, Recipe::mxfp8});
     EXPECT_FALSE(p.available) << detail::to_string(s);
     EXPECT_FALSE(p.reason.empty()) << detail::to_string(s);
   }
   EXPECT_FALSE(b->probe({detail::Step::gemm_m, kGpu, Recipe::mxfp8}).available);  // no step in the query
+  // A GEMM step of another recipe is refused by the recipe, whatever its operands look like.
+  const detail::MGemmStep fprop = store_step(160, 208, false);
+  const detail::Probe bf16 = b->probe({detail::Step::gemm_m, kGpu, Recipe::bf16, 208, 160, &fprop});
+  EXPECT_FALSE(bf16.available);
+  EXPECT_TRUE(has(bf16.reason, "the bf16 recipe")) << bf16.reason;
+  EXPECT_TRUE(b->probe({detail::Step::gemm_m, kGpu, Recipe::mxfp8, 208, 160, &fprop}).available);
 }
 #endif
 

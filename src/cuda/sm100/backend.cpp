@@ -47,6 +47,10 @@ class CudaSm100Backend final : public detail::RefusingBackend {
 
   detail::Probe probe(const detail::StepQuery& q) const override {
 #if defined(MXMOE_WITH_SM100)
+    const bool gemm = q.step == detail::Step::gemm_m || q.step == detail::Step::gemm_k;
+    if (gemm && q.recipe != Recipe::mxfp8)
+      return {false, std::string("the ") + to_string(q.recipe) +
+                         " recipe: cuda_sm100 runs MXFP8 GEMMs only (block-scaled tcgen05 MMA, E8M0 scales per 32)"};
     std::string why;
     switch (q.step) {
       case detail::Step::gemm_m:

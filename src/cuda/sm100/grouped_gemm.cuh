@@ -262,10 +262,10 @@ void run_mgrouped(const MGroupedOperands& op, cudaStream_t stream) {
 //   A: [t_e, M] slice, M contiguous  -> CUTLASS A (M,K) MN-major = layout::ColumnMajor
 //   B: [t_e, N] slice, N contiguous  -> CUTLASS B (N,K) MN-major = layout::RowMajor
 //   scales: one per 32 tokens (along K), D_e: fp32 RowMajor [M, N]; C = D_e where beta is 1.
-using KGrouped1Sm = GroupedConfig<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, float, float,
-                                  Shape<_128, _128, _128>, Shape<_1, _1, _1>,
-                                  cutlass::gemm::KernelPtrArrayTmaWarpSpecialized1SmBlockScaledSm100,
-                                  cutlass::epilogue::PtrArrayTmaWarpSpecialized1Sm>;
+using KGrouped1Sm =
+    GroupedConfig<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, float, float, Shape<_128, _128, _128>,
+                  Shape<_1, _1, _1>, cutlass::gemm::KernelPtrArrayTmaWarpSpecialized1SmBlockScaledSm100,
+                  cutlass::epilogue::PtrArrayTmaWarpSpecialized1Sm>;
 
 // A [T, M] e4m3, B [T, N] e4m3 (token-major), column-wise scales per group at token_cols_offset
 // (scale row s_g = col_chunk), D [E, M, N] fp32.

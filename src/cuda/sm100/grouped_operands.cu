@@ -33,8 +33,8 @@ __global__ void repack_token_rows_kernel(const uint8_t* __restrict__ src, ScaleL
     const TileInfo t = s.tiles[tile];
     const GroupInfo g = s.groups[t.expert];
     const int64_t local = t.row0 - g.begin + r % kSwizzleRows, m = g.end - g.begin;
-    const uint32_t v =
-        pack_word(src, [&](int64_t j) { return token_rows_source(g.begin, m, local, j, k, layout); }, q);
+    const uint32_t v = pack_word(
+        src, [&](int64_t j) { return token_rows_source(g.begin, m, local, j, k, layout); }, q);
     dst[word_offset(r, q, c_pad) / 4] = v;
   }
 }
@@ -51,7 +51,8 @@ __global__ void repack_expert_kernel(ExpertPtrs src, BlockAxis axis, ScaleLayout
     const uint32_t v = pack_word(
         m,
         [&](int64_t j) {
-          return axis == BlockAxis::row ? expert_rows_source(i, j, n, k, layout) : expert_cols_source(i, j, n, k, layout);
+          return axis == BlockAxis::row ? expert_rows_source(i, j, n, k, layout)
+                                        : expert_cols_source(i, j, n, k, layout);
         },
         q);
     dst[word_offset(r, q, c_pad) / 4] = v;

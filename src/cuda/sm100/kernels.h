@@ -34,8 +34,8 @@ struct KGroupedOperands {
   const uint8_t* sfa = nullptr;  // repacked: ScaleSource::token_cols (token_cols_offset per group)
   const uint8_t* b = nullptr;    // e4m3 [T, N]
   const uint8_t* sfb = nullptr;
-  float* d = nullptr;            // f32 [E, M, N]
-  bool accumulate = false;       // beta 1: C = D read in the epilogue
+  float* d = nullptr;       // f32 [E, M, N]
+  bool accumulate = false;  // beta 1: C = D read in the epilogue
 };
 
 // The CUTLASS kernels, one per translation unit (about 1.5 min of nvcc each on 2 cores).

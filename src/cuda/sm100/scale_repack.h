@@ -61,8 +61,7 @@ MXMOE_HD int64_t expert_cols_source(int64_t i, int64_t j, int64_t n, int64_t k, 
   return i < n && j < k / kScaleBlock ? colwise_scale_index(0, k, j, i, n, layout) : -1;
 }
 // k-grouped: column i, local block j of the group with m tokens whose chunk starts at col_chunk.
-MXMOE_HD int64_t token_cols_source(int64_t col_chunk, int64_t m, int64_t i, int64_t j, int64_t mn,
-                                   ScaleLayout layout) {
+MXMOE_HD int64_t token_cols_source(int64_t col_chunk, int64_t m, int64_t i, int64_t j, int64_t mn, ScaleLayout layout) {
   return i < mn && j < ceil_div(m, kScaleBlock) ? colwise_scale_index(col_chunk, m, j, i, mn, layout) : -1;
 }
 

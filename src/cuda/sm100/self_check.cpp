@@ -177,8 +177,9 @@ std::vector<Comparison> run_problem(int device, cudaStream_t stream) {
     bool b_kn;
     MSchedule schedule;
   };
-  for (const MCase& c : {MCase{"fprop (1-SM)", false, MSchedule::one_sm}, MCase{"fprop (2-SM)", false, MSchedule::two_sm},
-                         MCase{"dgrad (B_e [K, N])", true, MSchedule::one_sm}}) {
+  for (const MCase& c :
+       {MCase{"fprop (1-SM)", false, MSchedule::one_sm}, MCase{"fprop (2-SM)", false, MSchedule::two_sm},
+        MCase{"dgrad (B_e [K, N])", true, MSchedule::one_sm}}) {
     DeviceBuffer d_sm100(t * kN * 2, stream), d_portable(t * kN * 2, stream);
     d_sm100.poison();
     d_portable.poison();

@@ -41,7 +41,10 @@ class Bytes {
   // E4M3 without NaN (0x7f / 0xff) and below 2^4 in magnitude, either sign.
   std::vector<uint8_t> e4m3(int64_t count) {
     std::vector<uint8_t> v(static_cast<size_t>(count));
-    for (uint8_t& b : v) b = static_cast<uint8_t>((next() & 0x80) | (next() % 0x58));
+    for (uint8_t& b : v) {
+      const uint8_t sign = next() & 0x80;  // drawn first: the operands of | are unsequenced
+      b = static_cast<uint8_t>(sign | (next() % 0x58));
+    }
     return v;
   }
   // E8M0 exponents 2^-7 .. 2^7 in every byte, padding included.

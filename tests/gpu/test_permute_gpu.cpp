@@ -6,9 +6,12 @@
 // specials in the rows unpermute sums); shapes cover T = 0 and 1, odd H (2-, 4- and 8-byte vector
 // paths), views 2 bytes off alignment, K = 1..8, E = 1 .. 2^20 (the one-pass routing and the radix
 // sort above 1024 experts), capacities -1 / 0 / small / large, ids outside [0, E), one expert
-// taking most slots across many tiles. Also: device row_map entries outside [-1, R) are dropped
-// slots (never an out-of-bounds access), a CUDA-graph capture replayed with new ids, reruns giving
-// the same bytes, and the bandwidth against a device copy (reported, not asserted).
+// taking most slots across many tiles, each routing launch plan (one CTA; count + assign; count +
+// column scan + assign) at and across its boundary, the row moves' team shapes (whole warps, not
+// powers of two; several tokens per CTA; K above a team's lanes). Also: device row_map entries
+// outside [-1, R) are dropped slots (never an out-of-bounds access), a CUDA-graph capture replayed
+// with new ids, reruns giving the same bytes, and the bandwidth against a device copy (reported,
+// not asserted).
 // Run: <build>/tests/mxmoe_gpu_tests --gtest_filter='*GpuPermute*'
 #include <gtest/gtest.h>
 
@@ -341,6 +344,45 @@ TEST_P(GpuPermute, WideRowsMatchCpu) {
       {257, 2, 64, 9, 4096},    // K <= 2 variant of unpermute
       {129, 4, 32, -1, 2880},   // K <= 4 variant
       {64, 6, 16, -1, 4098},    // 4-byte vectors on a wide row
+  };
+  for (const Case& c : cases) check_case(backend(), c);
+#endif
+}
+
+// The one-pass routing's three launch plans (docs/kernels/permute.md): one CTA (T K <= 1024), count +
+// assign with each CTA summing the count matrix itself (tiles x (E + 1) <= 16384), and count + column
+// scan + assign past that; each at and across its boundary, with capacities and invalid ids.
+TEST_P(GpuPermute, RoutingLaunchPlansMatchCpuAtTheirBoundaries) {
+#if defined(MXMOE_WITH_CUDA)
+  const Case cases[] = {
+      {1024, 1, 1, -1, 8},               // one CTA, one tile exactly, E = 1
+      {128, 8, 1024, 1, 8, 0.05},        // one CTA, the largest one-pass E, capacity 1
+      {1025, 1, 1, 700, 8},              // two tiles: the fused plan, E = 1, capacity inside tile 0
+      {513, 2, 1024, -1, 8, 0.1},        // two tiles x 1025 bins
+      {8192, 8, 255, -1, 8, 0.01},       // 64 tiles x 256 bins = 16384: the fused plan's largest matrix
+      {8193, 8, 255, 200, 8, 0.01},      // 65 tiles: the column-scan plan
+      {8192, 8, 255, 250, 8, 0, 4},      // four experts take every slot, capacity far below their counts
+      {6000, 7, 33, 1000, 8, 0.02},      // K = 7, capacity cutting experts mid-tile
+  };
+  for (const Case& c : cases) check_case(backend(), c);
+#endif
+}
+
+// The row moves' team shapes: whole-warp teams that are not powers of two (H = 2880: 96 threads of
+// 16-byte vectors; 7168: 224), several tokens per CTA (H = 1000: teams of 32), 8-, 4- and 2-byte
+// vectors on wide rows, K = 1, K above a team's 32 lanes (probabilities in a loop), dropped slots.
+TEST_P(GpuPermute, RowMoveTeamShapesMatchCpu) {
+#if defined(MXMOE_WITH_CUDA)
+  const Case cases[] = {
+      {257, 4, 32, 20, 2880, 0.03},  // gpt-oss's H, capacity drops
+      {300, 4, 32, -1, 2882},        // 4-byte vectors, 1441 per row
+      {70, 8, 16, -1, 7169},         // 2-byte vectors, odd H
+      {401, 3, 8, -1, 1000},         // 125 vectors: teams of 32, 8 tokens per CTA
+      {333, 1, 8, -1, 7168},         // K = 1
+      {1000, 1, 1, 300, 8},          // K = 1, E = 1, one vector per row, capacity
+      {60, 40, 16, -1, 8, 0.05},     // K = 40 > 32 lanes: probabilities in a loop
+      {90, 33, 4, 500, 4100, 0.1},   // K = 33 on a wide 8-byte row
+      {129, 2, 8, 30, 4096, 0.02},   // Mixtral's H and K, capacity
   };
   for (const Case& c : cases) check_case(backend(), c);
 #endif

@@ -8,14 +8,17 @@
 //                           position per bin, then walks its slots in order: position = the warp's
 //                           running count + the lane's rank among the lanes of its group.
 //                 E <= 1024: one such sort with the expert id as the bin; its assign applies the
-//                 capacity and writes row_map, the offsets and the invalid count directly.
+//                 capacity and writes row_map, the offsets and the invalid count directly. One
+//                 tile: a single CTA does all three (one launch); a count matrix of at most
+//                 kFusedScanBudget entries: each assign CTA sums its columns itself (two launches).
 //                 E > 1024: an LSD radix sort of (id, slot) pairs by 10-bit digits with the same
 //                 three kernels per digit (the first drops the ids outside [0, E)), then per expert
 //                 its first sorted position (binary search), the capped counts' exclusive scan
 //                 (the offsets), and row_map from the sorted order.
-// permute_rows    one team of 32..256 threads per token: the row is loaded once into registers
-//                 (16/8/4/2-byte vectors, the widest H and the pointers allow), then stored to
-//                 each of its K rows; probs likewise.
+// permute_rows    one team of whole warps per token (as few as cover the row with 4 vectors per
+//                 thread, at most 256 threads): the row is loaded once into registers (16/8/4/2-byte
+//                 vectors, the widest H and the pointers allow), then stored to each of its K rows;
+//                 probs likewise.
 // unpermute_rows  one team per token: per vector position, fp32 accumulators from +0; the K rows'
 //                 vectors are loaded in groups (several loads in flight), then added in slot order
 //                 with __fadd_rn; rounded once to bf16.
@@ -91,16 +94,38 @@ __device__ __forceinline__ void zero_histograms(int32_t (*hist)[kCols], int cols
   for (int j = static_cast<int>(threadIdx.x); j < kRouteWarps * cols; j += kRouteThreads) hist[j / cols][j % cols] = 0;
 }
 
+// Slots a warp loads before it bins them (kRouteBatch x 32, in order): the loads are independent,
+// so a warp waits for one memory latency per batch, not per 32 slots.
+constexpr int kRouteBatch = 4;
+
+// The bins of the warp's next kRouteBatch x 32 slots from `base` (kNoSlot past the range's end);
+// keys[u] is the key of slot base + 32 u + lane.
+__device__ __forceinline__ void load_batch(const SortPass& p, WarpRange r, int64_t base, int32_t (&key)[kRouteBatch],
+                                           int (&bin)[kRouteBatch]) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+#pragma unroll
+  for (int u = 0; u < kRouteBatch; ++u) {
+    const int64_t i = base + u * 32 + lane;
+    key[u] = i < r.end ? __ldg(p.keys + i) : 0;
+  }
+#pragma unroll
+  for (int u = 0; u < kRouteBatch; ++u) bin[u] = base + u * 32 + lane < r.end ? bin_of(key[u], p) : kNoSlot;
+}
+
 // hist[bin] += the warp's keys in each bin over its range (32 slots at a time; lanes with equal bins
 // form a group whose first lane adds the group's size: no two lanes write one counter).
 __device__ __forceinline__ void count_warp(const SortPass& p, WarpRange r, int32_t* hist) {
   const int lane = static_cast<int>(threadIdx.x % 32);
-  for (int64_t base = r.begin; base < r.end; base += 32) {  // uniform over the warp
-    const int64_t i = base + lane;
-    const int bin = i < r.end ? bin_of(p.keys[i], p) : kNoSlot;
-    const unsigned peers = __match_any_sync(0xffffffffu, bin);
-    if (bin != kNoSlot && lane == __ffs(peers) - 1) hist[bin] += __popc(peers);
-    __syncwarp();
+  for (int64_t base = r.begin; base < r.end; base += 32 * kRouteBatch) {  // uniform over the warp
+    int32_t key[kRouteBatch];
+    int bin[kRouteBatch];
+    load_batch(p, r, base, key, bin);
+#pragma unroll
+    for (int u = 0; u < kRouteBatch; ++u) {
+      const unsigned peers = __match_any_sync(0xffffffffu, bin[u]);
+      if (bin[u] != kNoSlot && lane == __ffs(peers) - 1) hist[bin[u]] += __popc(peers);
+      __syncwarp();
+    }
   }
 }
 
@@ -168,25 +193,83 @@ struct AssignOut {
   int32_t* vals_out;
 };
 
+// Where an assign CTA gets the bins' totals and its tile's first position in each bin:
+enum class Totals {
+  kScanned,  // from the column scan: `totals` [bins + 1], p.counts [tiles][bins + 1] first positions
+  kFused,    // p.counts holds the raw per-tile counts; each CTA sums the matrix's columns itself
+  kSingle,   // one CTA, no count matrix: its own warps' counts are the totals
+};
+
+// The largest count matrix (tiles x (bins + 1)) an assign CTA sums itself (Totals::kFused): at most
+// 64 loads per thread, from L2.
+constexpr int64_t kFusedScanBudget = 16384;
+
 // kDirect: row_map[i] = offsets[e] + (position of slot i among expert e's slots), or -1 past the
 // capacity or for an id outside [0, E). Sort pass: (key, slot) to its position in the digit order.
-template <bool kDirect>
+template <bool kDirect, Totals kTotals>
 __global__ void __launch_bounds__(kRouteThreads)
     route_assign_kernel(SortPass p, const int32_t* __restrict__ totals, AssignOut o) {
+  static_assert(kDirect || kTotals == Totals::kScanned, "sort passes use the column scan");
+  constexpr bool kOwnTotals = kTotals != Totals::kScanned;
   __shared__ int32_t hist[kRouteWarps][kCols];
   __shared__ int32_t start[kCols];  // direct: the offsets; sort pass: each digit's first position
+  __shared__ int32_t tot[kOwnTotals ? kCols : 1];  // kFused, kSingle: the bins' totals
+  __shared__ int32_t pre[kTotals == Totals::kFused ? kCols : 1];  // kFused: the earlier tiles' counts
   __shared__ int warp_totals[32];
   const int cols = p.bins + 1;
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
 
-  // 1. start[d] = sum over bins d' < d of (direct: min(count, capacity); sort: count), d <= bins.
+  // 1. Every warp's counts per bin over its range; kFused: the count matrix's column sums, over all
+  // tiles (tot) and over the tiles before this one (pre). Integer sums: the order does not matter.
+  zero_histograms(hist, cols);
+  if (kOwnTotals) {
+    for (int c = static_cast<int>(threadIdx.x); c < cols; c += kRouteThreads) {
+      tot[c] = 0;
+      if (kTotals == Totals::kFused) pre[c] = 0;
+    }
+  }
+  __syncthreads();
+  const WarpRange r = warp_range(p, keys_of(p));
+  count_warp(p, r, hist[warp]);
+  if (kTotals == Totals::kFused) {
+    constexpr int kLoads = 8;  // loads in flight per thread
+    const int n = static_cast<int>(gridDim.x) * cols, me = static_cast<int>(blockIdx.x);
+    for (int j0 = static_cast<int>(threadIdx.x); j0 < n; j0 += kRouteThreads * kLoads) {
+      int32_t v[kLoads];
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        const int j = j0 + u * kRouteThreads;
+        v[u] = j < n ? __ldg(p.counts + j) : 0;
+      }
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        const int j = j0 + u * kRouteThreads;
+        if (j >= n) break;
+        const int b = j / cols, c = j - b * cols;
+        atomicAdd(&tot[c], v[u]);
+        if (b < me) atomicAdd(&pre[c], v[u]);
+      }
+    }
+  }
+  __syncthreads();
+  if (kTotals == Totals::kSingle) {
+    for (int c = static_cast<int>(threadIdx.x); c < cols; c += kRouteThreads) {
+      int32_t s = 0;
+      for (int w = 0; w < kRouteWarps; ++w) s += hist[w][c];
+      tot[c] = s;
+    }
+    __syncthreads();
+  }
+  const int32_t* const bin_totals = kOwnTotals ? tot : totals;
+
+  // 2. start[d] = sum over bins d' < d of (direct: min(count, capacity); sort: count), d <= bins.
   constexpr int kPer = kMaxBins / kRouteThreads;
   int32_t v[kPer];
   int32_t local = 0;
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int d = static_cast<int>(threadIdx.x) * kPer + j;
-    v[j] = d < p.bins ? totals[d] : 0;
+    v[j] = d < p.bins ? bin_totals[d] : 0;
     if (kDirect) v[j] = min(v[j], o.capacity);
     local += v[j];
   }
@@ -199,20 +282,18 @@ __global__ void __launch_bounds__(kRouteThreads)
     run += v[j];
   }
   if (threadIdx.x == 0) start[p.bins] = total;
-  zero_histograms(hist, cols);
   __syncthreads();
   if (kDirect && blockIdx.x == 0) {
     for (int e = static_cast<int>(threadIdx.x); e <= p.bins; e += kRouteThreads) o.offsets[e] = start[e];
-    if (threadIdx.x == 0 && o.invalid != nullptr) *o.invalid = totals[p.bins];
+    if (threadIdx.x == 0 && o.invalid != nullptr) *o.invalid = bin_totals[p.bins];
   }
 
-  // 2. Every warp's first position in every bin: the tile's (column scan) plus the earlier warps'.
-  const WarpRange r = warp_range(p, keys_of(p));
-  count_warp(p, r, hist[warp]);
-  __syncthreads();
-  const int32_t* first = p.counts + static_cast<int64_t>(blockIdx.x) * cols;
+  // 3. Every warp's first position in every bin: the tile's (the earlier tiles' counts) plus the
+  // earlier warps'.
   for (int c = static_cast<int>(threadIdx.x); c < cols; c += kRouteThreads) {
-    int32_t at = first[c];
+    int32_t at = kTotals == Totals::kScanned ? p.counts[static_cast<int64_t>(blockIdx.x) * cols + c]
+                 : kTotals == Totals::kFused ? pre[c]
+                                             : 0;
     for (int w = 0; w < kRouteWarps; ++w) {
       const int32_t k = hist[w][c];
       hist[w][c] = at;
@@ -221,34 +302,41 @@ __global__ void __launch_bounds__(kRouteThreads)
   }
   __syncthreads();
 
-  // 3. The slots in order: the group's first lane takes the warp's running position and advances it.
+  // 4. The slots in order: the group's first lane takes the warp's running position and advances it.
   int32_t* const next = hist[warp];
-  for (int64_t base = r.begin; base < r.end; base += 32) {  // uniform over the warp
-    const int64_t i = base + lane;
-    int32_t key = 0;
-    int bin = kNoSlot;
-    if (i < r.end) {
-      key = p.keys[i];
-      bin = bin_of(key, p);
+  for (int64_t base = r.begin; base < r.end; base += 32 * kRouteBatch) {  // uniform over the warp
+    int32_t key[kRouteBatch], val[kRouteBatch] = {};
+    int bin[kRouteBatch];
+    load_batch(p, r, base, key, bin);
+    if (!kDirect) {
+#pragma unroll
+      for (int u = 0; u < kRouteBatch; ++u) {
+        const int64_t i = base + u * 32 + lane;
+        val[u] = p.vals == nullptr ? static_cast<int32_t>(i) : bin[u] != kNoSlot ? __ldg(p.vals + i) : 0;
+      }
     }
-    const unsigned peers = __match_any_sync(0xffffffffu, bin);
-    const int leader = __ffs(peers) - 1;
-    int32_t at = 0;
-    if (bin != kNoSlot && lane == leader) {
-      at = next[bin];
-      next[bin] = at + __popc(peers);
-    }
-    at = __shfl_sync(0xffffffffu, at, leader) + __popc(peers & ((1u << lane) - 1u));
-    __syncwarp();
-    if (bin == kNoSlot) continue;
-    if (kDirect) {
-      o.row_map[i] = bin < p.bins && at < o.capacity ? start[bin] + at : -1;
-    } else if (bin == p.bins) {
-      o.row_map[i] = -1;  // first pass: an id outside [0, E)
-    } else {
-      const int32_t to = start[bin] + at;
-      o.keys_out[to] = key;
-      o.vals_out[to] = p.vals != nullptr ? p.vals[i] : static_cast<int32_t>(i);
+#pragma unroll
+    for (int u = 0; u < kRouteBatch; ++u) {
+      const int64_t i = base + u * 32 + lane;
+      const unsigned peers = __match_any_sync(0xffffffffu, bin[u]);
+      const int leader = __ffs(peers) - 1;
+      int32_t at = 0;
+      if (bin[u] != kNoSlot && lane == leader) {
+        at = next[bin[u]];
+        next[bin[u]] = at + __popc(peers);
+      }
+      at = __shfl_sync(0xffffffffu, at, leader) + __popc(peers & ((1u << lane) - 1u));
+      __syncwarp();
+      if (bin[u] == kNoSlot) continue;
+      if (kDirect) {
+        o.row_map[i] = bin[u] < p.bins && at < o.capacity ? start[bin[u]] + at : -1;
+      } else if (bin[u] == p.bins) {
+        o.row_map[i] = -1;  // first pass: an id outside [0, E)
+      } else {
+        const int32_t to = start[bin[u]] + at;
+        o.keys_out[to] = key[u];
+        o.vals_out[to] = val[u];
+      }
     }
   }
 }
@@ -335,6 +423,7 @@ RouteGeometry route_geometry(int64_t slots, int64_t cols) {
   return {tile, std::max<int64_t>(1, ceil_div(slots, tile))};
 }
 
+// One counting sort over p's bins: count, column scan, assign (three launches).
 void launch_sort_pass(const SortPass& p, int64_t tiles, int32_t* totals, bool direct, const AssignOut& o,
                       cudaStream_t stream) {
   const int cols = p.bins + 1;
@@ -343,18 +432,18 @@ void launch_sort_pass(const SortPass& p, int64_t tiles, int32_t* totals, bool di
   route_scan_columns_kernel<<<static_cast<unsigned>(ceil_div(cols, 32)), kScanThreads, 0, stream>>>(
       p.counts, static_cast<int>(tiles), cols, totals);
   MXMOE_CUDA_CHECK_LAUNCH();
+  const unsigned grid = static_cast<unsigned>(tiles);
   if (direct) {
-    route_assign_kernel<true><<<static_cast<unsigned>(tiles), kRouteThreads, 0, stream>>>(p, totals, o);
+    route_assign_kernel<true, Totals::kScanned><<<grid, kRouteThreads, 0, stream>>>(p, totals, o);
   } else {
-    route_assign_kernel<false><<<static_cast<unsigned>(tiles), kRouteThreads, 0, stream>>>(p, totals, o);
+    route_assign_kernel<false, Totals::kScanned><<<grid, kRouteThreads, 0, stream>>>(p, totals, o);
   }
   MXMOE_CUDA_CHECK_LAUNCH();
 }
 
 // ================================ permute_rows / unpermute_rows ================================
 
-constexpr int kMoveThreads = 256;
-constexpr int kPermuteUnroll = 4;  // vectors per thread loaded before the K stores
+constexpr int kMoveThreads = 256;  // threads per CTA, at most
 
 template <int W>
 struct VecOf;
@@ -389,47 +478,77 @@ struct MoveShape {
   int32_t top_k;   // K
   int64_t rows;    // R: row_map entries outside [0, R) are dropped slots
   int64_t vecs;    // W-byte vectors per row of H bf16
-  int team_shift;  // threads per token: 1 << team_shift, 32..kMoveThreads
+  int team;        // threads per token: whole warps, at most kMoveThreads
+  int per_cta;     // tokens per CTA: the CTA has team * per_cta threads
 };
+
+// This thread's token and its lane in the token's team.
+struct TeamSlot {
+  int64_t t;
+  int lane;
+};
+__device__ __forceinline__ TeamSlot team_slot(const MoveShape& s) {
+  const int member = static_cast<int>(threadIdx.x) / s.team;
+  return {static_cast<int64_t>(blockIdx.x) * s.per_cta + member, static_cast<int>(threadIdx.x) - member * s.team};
+}
 
 __device__ __forceinline__ int32_t row_or_drop(int32_t r, int64_t rows) { return r >= 0 && r < rows ? r : -1; }
 
-// permuted_x[row_map[t, k]] = x[t]; permuted_probs[row_map[t, k]] = probs[t, k].
-template <int W>
-__global__ void __launch_bounds__(kMoveThreads)
-    permute_rows_kernel(const Vec<W>* __restrict__ x, const int32_t* __restrict__ row_map,
-                        const float* __restrict__ probs, Vec<W>* __restrict__ out, float* __restrict__ out_probs,
-                        MoveShape s) {
-  const int team = 1 << s.team_shift;
-  const int lane = static_cast<int>(threadIdx.x) & (team - 1);
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * (kMoveThreads >> s.team_shift) + (threadIdx.x >> s.team_shift);
-  if (t >= s.tokens) return;
+// permuted_x[row_map[t, k]] = x[t]; permuted_probs[row_map[t, k]] = probs[t, k]. Source-major:
+// each thread loads U vectors of x[t] (all loads issued before any store), then stores them to each
+// of the token's K rows. The probabilities are loaded first and stored last, so that they add no
+// memory latency ahead of the row loads.
+template <int W, int U>
+__device__ __forceinline__ void permute_token(const Vec<W>* __restrict__ x, const int32_t* __restrict__ row_map,
+                                              const float* __restrict__ probs, Vec<W>* __restrict__ out,
+                                              float* __restrict__ out_probs, const MoveShape& s, int64_t t, int lane) {
   const int32_t* map = row_map + t * s.top_k;
-  if (out_probs != nullptr) {
-    for (int k = lane; k < s.top_k; k += team) {
-      const int32_t r = row_or_drop(map[k], s.rows);
-      if (r >= 0) out_probs[r] = probs[t * s.top_k + k];
-    }
+  const bool probs_in_regs = out_probs != nullptr && s.top_k <= s.team;  // one probability per lane
+  int32_t prob_row = -1;
+  float prob = 0.0f;
+  if (probs_in_regs && lane < s.top_k) {
+    prob_row = __ldg(map + lane);
+    prob = __ldg(probs + t * s.top_k + lane);
   }
   const Vec<W>* src = x + t * s.vecs;
-  for (int64_t v0 = lane; v0 < s.vecs; v0 += static_cast<int64_t>(team) * kPermuteUnroll) {
-    Vec<W> reg[kPermuteUnroll] = {};
+  for (int64_t v0 = lane; v0 < s.vecs; v0 += static_cast<int64_t>(s.team) * U) {
+    Vec<W> reg[U] = {};
 #pragma unroll
-    for (int u = 0; u < kPermuteUnroll; ++u) {
-      const int64_t v = v0 + static_cast<int64_t>(u) * team;
+    for (int u = 0; u < U; ++u) {
+      const int64_t v = v0 + static_cast<int64_t>(u) * s.team;
       if (v < s.vecs) reg[u] = __ldg(src + v);
     }
+#pragma unroll 1
     for (int k = 0; k < s.top_k; ++k) {
       const int32_t r = row_or_drop(__ldg(map + k), s.rows);
       if (r < 0) continue;
       Vec<W>* dst = out + static_cast<int64_t>(r) * s.vecs;
 #pragma unroll
-      for (int u = 0; u < kPermuteUnroll; ++u) {
-        const int64_t v = v0 + static_cast<int64_t>(u) * team;
+      for (int u = 0; u < U; ++u) {
+        const int64_t v = v0 + static_cast<int64_t>(u) * s.team;
         if (v < s.vecs) dst[v] = reg[u];
       }
     }
   }
+  if (out_probs == nullptr) return;
+  if (probs_in_regs) {
+    const int32_t r = row_or_drop(prob_row, s.rows);
+    if (lane < s.top_k && r >= 0) out_probs[r] = prob;
+    return;
+  }
+  for (int k = lane; k < s.top_k; k += s.team) {
+    const int32_t r = row_or_drop(map[k], s.rows);
+    if (r >= 0) out_probs[r] = probs[t * s.top_k + k];
+  }
+}
+
+template <int W, int U>
+__global__ void __launch_bounds__(kMoveThreads)
+    permute_rows_kernel(const Vec<W>* __restrict__ x, const int32_t* __restrict__ row_map,
+                        const float* __restrict__ probs, Vec<W>* __restrict__ out, float* __restrict__ out_probs,
+                        MoveShape s) {
+  const TeamSlot me = team_slot(s);
+  if (me.t < s.tokens) permute_token<W, U>(x, row_map, probs, out, out_probs, s, me.t, me.lane);
 }
 
 // acc + v in fp32, round to nearest, with the NaN the host reference gets on x86 (SSE propagates
@@ -445,25 +564,15 @@ __device__ __forceinline__ float add_like_host(float acc, float v) {
 
 // y[t] = bf16(sum over k in slot order of fp32 permuted_y[row_map[t, k]]); probs[t, k] =
 // permuted_probs[row_map[t, k]] or 0. A thread keeps U vector positions' accumulators and loads
-// the vectors of G slots before adding them (U * G loads in flight).
+// the vectors of G slots before adding them (U * G loads in flight). The probabilities are
+// gathered after the rows, so that no dependent load waits ahead of the row loads.
 template <int W, int U, int G>
-__global__ void __launch_bounds__(kMoveThreads)
-    unpermute_rows_kernel(const Vec<W>* __restrict__ in, const int32_t* __restrict__ row_map,
-                          const float* __restrict__ in_probs, Vec<W>* __restrict__ y, float* __restrict__ probs,
-                          MoveShape s) {
+__device__ __forceinline__ void unpermute_token(const Vec<W>* __restrict__ in, const int32_t* __restrict__ row_map,
+                                                const float* __restrict__ in_probs, Vec<W>* __restrict__ y,
+                                                float* __restrict__ probs, const MoveShape& s, int64_t t, int lane) {
   constexpr int kElems = W / 2;
-  const int team = 1 << s.team_shift;
-  const int lane = static_cast<int>(threadIdx.x) & (team - 1);
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * (kMoveThreads >> s.team_shift) + (threadIdx.x >> s.team_shift);
-  if (t >= s.tokens) return;
   const int32_t* map = row_map + t * s.top_k;
-  if (probs != nullptr) {
-    for (int k = lane; k < s.top_k; k += team) {
-      const int32_t r = row_or_drop(map[k], s.rows);
-      probs[t * s.top_k + k] = r >= 0 ? in_probs[r] : 0.0f;
-    }
-  }
-  for (int64_t v0 = lane; v0 < s.vecs; v0 += static_cast<int64_t>(team) * U) {
+  for (int64_t v0 = lane; v0 < s.vecs; v0 += static_cast<int64_t>(s.team) * U) {
     float acc[U][kElems];
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -477,7 +586,7 @@ __global__ void __launch_bounds__(kMoveThreads)
         r[g] = k0 + g < s.top_k ? row_or_drop(__ldg(map + k0 + g), s.rows) : -1;
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-          const int64_t v = v0 + static_cast<int64_t>(u) * team;
+          const int64_t v = v0 + static_cast<int64_t>(u) * s.team;
           val[g][u].v = r[g] >= 0 && v < s.vecs ? __ldg(in + static_cast<int64_t>(r[g]) * s.vecs + v) : Vec<W>{};
         }
       }
@@ -493,7 +602,7 @@ __global__ void __launch_bounds__(kMoveThreads)
     Vec<W>* dst = y + t * s.vecs;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t v = v0 + static_cast<int64_t>(u) * team;
+      const int64_t v = v0 + static_cast<int64_t>(u) * s.team;
       if (v >= s.vecs) continue;
       Pack<W> o;
 #pragma unroll
@@ -501,6 +610,20 @@ __global__ void __launch_bounds__(kMoveThreads)
       dst[v] = o.v;
     }
   }
+  if (probs == nullptr) return;
+  for (int k = lane; k < s.top_k; k += s.team) {
+    const int32_t r = row_or_drop(__ldg(map + k), s.rows);
+    probs[t * s.top_k + k] = r >= 0 ? __ldg(in_probs + r) : 0.0f;
+  }
+}
+
+template <int W, int U, int G>
+__global__ void __launch_bounds__(kMoveThreads)
+    unpermute_rows_kernel(const Vec<W>* __restrict__ in, const int32_t* __restrict__ row_map,
+                          const float* __restrict__ in_probs, Vec<W>* __restrict__ y, float* __restrict__ probs,
+                          MoveShape s) {
+  const TeamSlot me = team_slot(s);
+  if (me.t < s.tokens) unpermute_token<W, U, G>(in, row_map, in_probs, y, probs, s, me.t, me.lane);
 }
 
 // The widest vector (16, 8, 4 or 2 bytes) dividing a row of H bf16 and aligning every pointer.
@@ -524,16 +647,36 @@ void with_vector_bytes(int w, F&& f) {
   }
 }
 
-// Threads per token: a power of two in [32, kMoveThreads] near vecs / per_thread.
+// Threads per token: whole warps, as few as cover a row with `per_thread` vectors each in as few
+// passes as kMoveThreads threads need, the row spread evenly over those passes (H = 2880, 16-byte
+// vectors, 1 per thread: 2 passes of 192 threads, where a power-of-two team of 256 ran its second
+// pass with 104). Tokens per CTA: as many teams as fit kMoveThreads.
 MoveShape move_shape(int64_t T, int64_t K, int64_t R, int64_t H, int w, int per_thread) {
-  MoveShape s{T, static_cast<int32_t>(K), R, H * 2 / w, 5};
-  const int64_t want = ceil_div(s.vecs, per_thread);
-  while ((int64_t{1} << s.team_shift) < want && (1 << s.team_shift) < kMoveThreads) ++s.team_shift;
+  MoveShape s{T, static_cast<int32_t>(K), R, H * 2 / w, 32, 1};
+  const int64_t passes = std::max<int64_t>(1, ceil_div(s.vecs, int64_t{per_thread} * kMoveThreads));
+  const int64_t want = ceil_div(ceil_div(s.vecs, passes * per_thread), 32) * 32;
+  s.team = static_cast<int>(std::clamp<int64_t>(want, 32, kMoveThreads));
+  s.per_cta = kMoveThreads / s.team;
   return s;
 }
 
-unsigned move_blocks(const MoveShape& s) {
-  return static_cast<unsigned>(ceil_div(s.tokens, kMoveThreads >> s.team_shift));
+unsigned move_blocks(const MoveShape& s) { return static_cast<unsigned>(ceil_div(s.tokens, s.per_cta)); }
+unsigned move_threads(const MoveShape& s) { return static_cast<unsigned>(s.team * s.per_cta); }
+
+constexpr int kPermuteVecs = 4;  // vectors per thread loaded before the K stores
+
+template <int W, int U>
+void launch_permute(const Vec<W>* x, const int32_t* row_map, const float* probs, Vec<W>* out, float* out_probs,
+                    const MoveShape& s, cudaStream_t stream) {
+  permute_rows_kernel<W, U><<<move_blocks(s), move_threads(s), 0, stream>>>(x, row_map, probs, out, out_probs, s);
+  MXMOE_CUDA_CHECK_LAUNCH();
+}
+
+template <int W, int U, int G>
+void launch_unpermute(const Vec<W>* in, const int32_t* row_map, const float* in_probs, Vec<W>* y, float* probs,
+                      const MoveShape& s, cudaStream_t stream) {
+  unpermute_rows_kernel<W, U, G><<<move_blocks(s), move_threads(s), 0, stream>>>(in, row_map, in_probs, y, probs, s);
+  MXMOE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -552,13 +695,26 @@ void route_tokens(const detail::RouteTokensStep& s, void* stream_ptr) {
   if (E <= kMaxBins) {  // one counting sort, the id as the bin
     const int64_t cols = E + 1;
     const RouteGeometry g = route_geometry(slots, cols);
-    Workspace ws(Workspace::aligned(g.tiles * cols * 4) + Workspace::aligned(cols * 4), stream);
-    int32_t* counts = ws.take<int32_t>(g.tiles * cols);
-    int32_t* totals = ws.take<int32_t>(cols);
-    const SortPass p{ids, nullptr, slots, nullptr, static_cast<int32_t>(E), true, true, 0, static_cast<int>(E),
-                     g.tile, counts};
-    launch_sort_pass(p, g.tiles, totals, /*direct=*/true, {row_map, offsets, invalid, capacity, nullptr, nullptr},
-                     stream);
+    const AssignOut o{row_map, offsets, invalid, capacity, nullptr, nullptr};
+    SortPass p{ids, nullptr, slots, nullptr, static_cast<int32_t>(E), true, true, 0, static_cast<int>(E), g.tile,
+               nullptr};
+    if (g.tiles == 1) {  // one CTA counts, scans and assigns: one launch, no scratch
+      route_assign_kernel<true, Totals::kSingle><<<1, kRouteThreads, 0, stream>>>(p, nullptr, o);
+      MXMOE_CUDA_CHECK_LAUNCH();
+      return;
+    }
+    const bool fused = g.tiles * cols <= kFusedScanBudget;  // two launches: count, assign
+    Workspace ws(Workspace::aligned(g.tiles * cols * 4) + (fused ? 0 : Workspace::aligned(cols * 4)), stream);
+    p.counts = ws.take<int32_t>(g.tiles * cols);
+    if (fused) {
+      route_count_kernel<<<static_cast<unsigned>(g.tiles), kRouteThreads, 0, stream>>>(p);
+      MXMOE_CUDA_CHECK_LAUNCH();
+      route_assign_kernel<true, Totals::kFused><<<static_cast<unsigned>(g.tiles), kRouteThreads, 0, stream>>>(
+          p, nullptr, o);
+      MXMOE_CUDA_CHECK_LAUNCH();
+      return;
+    }
+    launch_sort_pass(p, g.tiles, ws.take<int32_t>(cols), /*direct=*/true, o, stream);
     return;
   }
 
@@ -621,11 +777,10 @@ void permute_rows(const PermuteByMapArgs& a, void* stream_ptr) {
   float* out_probs = a.permuted_probs.data != nullptr ? a.permuted_probs.ptr<float>() : nullptr;
   with_vector_bytes(vector_bytes(H, {a.x.data, a.permuted_x.data}), [&](auto w) {
     constexpr int W = decltype(w)::value;
-    const MoveShape s = move_shape(T, K, R, H, W, kPermuteUnroll);
-    permute_rows_kernel<W><<<move_blocks(s), kMoveThreads, 0, stream>>>(
-        static_cast<const Vec<W>*>(a.x.data), row_map, probs, static_cast<Vec<W>*>(a.permuted_x.data), out_probs, s);
+    launch_permute<W, kPermuteVecs>(static_cast<const Vec<W>*>(a.x.data), row_map, probs,
+                                    static_cast<Vec<W>*>(a.permuted_x.data), out_probs,
+                                    move_shape(T, K, R, H, W, kPermuteVecs), stream);
   });
-  MXMOE_CUDA_CHECK_LAUNCH();
 }
 
 void unpermute_rows(const UnpermuteArgs& a, void* stream_ptr) {
@@ -640,19 +795,15 @@ void unpermute_rows(const UnpermuteArgs& a, void* stream_ptr) {
     constexpr int W = decltype(w)::value;
     const auto* in = static_cast<const Vec<W>*>(a.permuted_y.data);
     auto* y = static_cast<Vec<W>*>(a.y.data);
-    // About 8 vectors in flight per thread: U positions x G slots.
+    // U positions x G slots in flight per thread (docs/kernels/permute.md has the measurements).
     if (K <= 2) {
-      const MoveShape s = move_shape(T, K, R, H, W, 4);
-      unpermute_rows_kernel<W, 4, 2><<<move_blocks(s), kMoveThreads, 0, stream>>>(in, row_map, in_probs, y, probs, s);
+      launch_unpermute<W, 2, 2>(in, row_map, in_probs, y, probs, move_shape(T, K, R, H, W, 2), stream);
     } else if (K <= 4) {
-      const MoveShape s = move_shape(T, K, R, H, W, 2);
-      unpermute_rows_kernel<W, 2, 4><<<move_blocks(s), kMoveThreads, 0, stream>>>(in, row_map, in_probs, y, probs, s);
+      launch_unpermute<W, 1, 4>(in, row_map, in_probs, y, probs, move_shape(T, K, R, H, W, 1), stream);
     } else {
-      const MoveShape s = move_shape(T, K, R, H, W, 1);
-      unpermute_rows_kernel<W, 1, 8><<<move_blocks(s), kMoveThreads, 0, stream>>>(in, row_map, in_probs, y, probs, s);
+      launch_unpermute<W, 1, 8>(in, row_map, in_probs, y, probs, move_shape(T, K, R, H, W, 1), stream);
     }
   });
-  MXMOE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace mxmoe::cuda::portable

@@ -39,7 +39,9 @@ inline int64_t permuted_rows_bound(int64_t tokens, int64_t top_k, int64_t expert
 // [0, E) is dropped too (it takes no capacity) and counted in `invalid`; this is not an error, on
 // the host or on a device, so both give the same outputs (-1 can be used to mask a slot).
 // permuted_x has R >= permuted_rows_bound(T, K, E, C) rows; rows offsets[E] .. R-1 are left
-// untouched (offsets[E] = T * K when every id is valid and nothing is dropped).
+// untouched (offsets[E] = T * K when every id is valid and nothing is dropped), or written as zeros
+// (permuted_x and permuted_probs) with zero_unused_rows: a fresh output buffer then needs no fill
+// of its own, which on a GPU costs as much as the permute (the count offsets[E] stays on the device).
 struct PermuteArgs {
   TensorView x;               // bf16 [T, H]
   TensorView expert_ids;      // i32 [T, K], K >= 1, T * K <= 2^31 - 1
@@ -51,6 +53,7 @@ struct PermuteArgs {
   TensorView row_map;         // out i32 [T, K]: the row of (t, k), or -1 when dropped
   TensorView permuted_probs;  // out f32 [R], given exactly when probs is: probs in row order
   TensorView invalid;         // optional out i32 [1]: number of ids outside [0, E)
+  bool zero_unused_rows = false;  // also write rows offsets[E] .. R-1 of permuted_x / permuted_probs as 0
 };
 MXMOE_API void permute_tokens(Context& ctx, const PermuteArgs& args);
 

@@ -120,7 +120,9 @@ void permute_tokens(Context& ctx, const PermuteArgs& a) {
                            .capacity = a.capacity,
                            .offsets = a.offsets,
                            .row_map = a.row_map,
-                           .invalid = a.invalid});
+                           .invalid = a.invalid,
+                           .zero_x = a.zero_unused_rows ? a.permuted_x : TensorView{},
+                           .zero_probs = a.zero_unused_rows ? a.permuted_probs : TensorView{}});
   move.permute_rows(ctx, {.x = a.x,
                           .row_map = a.row_map,
                           .probs = a.probs,

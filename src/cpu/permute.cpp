@@ -64,6 +64,12 @@ void route_tokens(const detail::RouteTokensStep& s) {
     row_map[i] = static_cast<int32_t>(offsets[e] + taken[e]++);
   }
   if (s.invalid.data) *s.invalid.ptr<int32_t>() = static_cast<int32_t>(invalid);
+  const int64_t used = offsets[E];
+  if (s.zero_x.data && s.zero_x.shape[0] > used)
+    std::memset(s.zero_x.ptr<uint16_t>() + used * s.zero_x.shape[1], 0,
+                static_cast<size_t>((s.zero_x.shape[0] - used) * s.zero_x.shape[1] * 2));
+  if (s.zero_probs.data && s.zero_probs.shape[0] > used)
+    std::memset(s.zero_probs.ptr<float>() + used, 0, static_cast<size_t>((s.zero_probs.shape[0] - used) * 4));
 }
 
 void permute_rows(const PermuteByMapArgs& a) {

@@ -40,6 +40,7 @@ struct StepQuery {
   // plan() and the ops entry points for gemm_m / gemm_k; valid only during the call).
   const MGemmStep* gemm_m = nullptr;
   const KGroupedGemmArgs* gemm_k = nullptr;
+  bool pow2_scales = false;  // fp8_blockwise: the operands' scales are powers of two (Problem::pow2_scales)
 };
 
 struct Probe {
@@ -129,6 +130,10 @@ struct RouteTokensStep {
   TensorView offsets;     // i32 [E+1]
   TensorView row_map;     // i32 [T, K]
   TensorView invalid;     // optional i32 [1]
+  // Optional (PermuteArgs::zero_unused_rows): rows offsets[E] .. R-1 of the permute's outputs,
+  // written as zeros once the offsets exist (on the device: no host read of offsets[E]).
+  TensorView zero_x;      // bf16 [R, H]
+  TensorView zero_probs;  // f32 [R]
 };
 
 class Backend {

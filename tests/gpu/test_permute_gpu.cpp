@@ -48,12 +48,13 @@ struct Case {
   bool misaligned = false;  // the bf16 views start 2 bytes into their buffers: the 2-byte path. The
                             // entry points want 16-byte aligned device data, so such a case calls
                             // the backend's steps directly, as the entry points do after validation.
+  bool zero_unused = false; // permute_tokens writes rows offsets[E] .. R-1 as zeros (zero_unused_rows)
 };
 
 std::string describe(const Case& c) {
   return "T=" + std::to_string(c.T) + " K=" + std::to_string(c.K) + " E=" + std::to_string(c.E) +
          " C=" + std::to_string(c.C) + " H=" + std::to_string(c.H) + " invalid=" + std::to_string(c.invalid) +
-         " active=" + std::to_string(c.active) + (c.misaligned ? " misaligned" : "");
+         " active=" + std::to_string(c.active) + (c.misaligned ? " misaligned" : "") + (c.zero_unused ? " zero_unused" : "");
 }
 
 // A device buffer shaped like a host tensor, its view `skew` bytes into the allocation.
@@ -169,7 +170,8 @@ Outputs run_cpu(const Case& c, const Inputs& in, int64_t R) {
                        .permuted_x = o.permuted_x.view,
                        .row_map = o.row_map.view,
                        .permuted_probs = o.permuted_probs.view,
-                       .invalid = o.invalid.view});
+                       .invalid = o.invalid.view,
+                       .zero_unused_rows = c.zero_unused});
   unpermute_tokens(ctx, {.permuted_y = in.py.view,
                          .row_map = o.row_map.view,
                          .permuted_probs = in.pprobs.view,
@@ -210,7 +212,9 @@ struct DeviceRun {
   }
   void run(Context& ctx, const Case& c, detail::Backend* direct = nullptr) {
     if (direct != nullptr) {
-      direct->route_tokens(ctx, {ids.view, c.E, c.C, offsets.view, row_map.view, invalid.view});
+      direct->route_tokens(ctx, {ids.view, c.E, c.C, offsets.view, row_map.view, invalid.view,
+                                 c.zero_unused ? permuted_x.view : TensorView{},
+                                 c.zero_unused ? permuted_probs.view : TensorView{}});
       direct->permute_rows(ctx, {x.view, row_map.view, probs.view, permuted_x.view, permuted_probs.view});
       direct->unpermute_rows(ctx, {py.view, row_map.view, pprobs.view, y.view, probs_out.view});
       direct->permute_rows(ctx, {dy.view, row_map.view, dprobs.view, by_map_x.view, by_map_probs.view});
@@ -225,7 +229,8 @@ struct DeviceRun {
                          .permuted_x = permuted_x.view,
                          .row_map = row_map.view,
                          .permuted_probs = permuted_probs.view,
-                         .invalid = invalid.view});
+                         .invalid = invalid.view,
+                         .zero_unused_rows = c.zero_unused});
     unpermute_tokens(ctx, {.permuted_y = py.view,
                            .row_map = row_map.view,
                            .permuted_probs = pprobs.view,
@@ -312,6 +317,20 @@ TEST_P(GpuPermute, EdgeShapesMatchCpuBitExactly) {
       {37, 2, 160, -1, 4100},             // H * 2 % 16 = 8: 8-byte vectors
       {33, 4, 160, 5, 2048, 0.1, 0, true},  // views off alignment: the 2-byte path at H = 2048
       {64, 8, 1, -1, 24, 1.0},            // every id invalid
+  };
+  for (const Case& c : cases) check_case(backend(), c);
+#endif
+}
+
+// zero_unused_rows (what the torch op asks for instead of a zero fill): rows past offsets[E] become
+// zeros on the device, every other byte as without it; capacity drops, invalid ids, no drops at all
+// (nothing to zero), no tokens, 2-byte rows.
+TEST_P(GpuPermute, ZeroUnusedRowsMatchesCpu) {
+#if defined(MXMOE_WITH_CUDA)
+  const Case cases[] = {
+      {64, 2, 8, 5, 16, 0, 0, false, true},       {300, 4, 32, 20, 2880, 0.1, 0, false, true},
+      {300, 4, 32, -1, 2880, 0, 0, false, true},  {0, 2, 4, -1, 16, 0, 0, false, true},
+      {33, 4, 160, 5, 2047, 0.1, 0, false, true}, {33, 4, 160, 5, 2048, 0.1, 0, true, true},
   };
   for (const Case& c : cases) check_case(backend(), c);
 #endif

@@ -134,7 +134,7 @@ struct Permuted {
   HostTensor offsets, permuted_x, row_map, permuted_probs, invalid;
 };
 
-Permuted run_permute(const Inputs& in, const Case& c, int64_t rows, Context& ctx) {
+Permuted run_permute(const Inputs& in, const Case& c, int64_t rows, Context& ctx, bool zero_unused = false) {
   Permuted p{poisoned(DType::i32, {c.E + 1}), poisoned(DType::bf16, {rows, c.H}), poisoned(DType::i32, {c.T, c.K}),
              poisoned(DType::f32, {rows}), poisoned(DType::i32, {1})};
   permute_tokens(ctx, {.x = in.x.view,
@@ -146,7 +146,8 @@ Permuted run_permute(const Inputs& in, const Case& c, int64_t rows, Context& ctx
                        .permuted_x = p.permuted_x.view,
                        .row_map = p.row_map.view,
                        .permuted_probs = p.permuted_probs.view,
-                       .invalid = p.invalid.view});
+                       .invalid = p.invalid.view,
+                       .zero_unused_rows = zero_unused});
   return p;
 }
 
@@ -212,6 +213,25 @@ TEST_P(PermuteCases, MatchesTheArgsortReferenceAndLeavesRowsPastTheKeptOnesUntou
     const float got = p.permuted_probs.ptr<float>()[r];
     ASSERT_TRUE(written ? got == want : std::isnan(got)) << "permuted_probs[" << r << "]=" << got;
   }
+}
+
+TEST_P(PermuteCases, ZeroUnusedRowsWritesZerosPastTheKeptRowsAndNothingElseChanges) {
+  const Case c = GetParam();
+  const uint64_t seed = rng()();
+  SCOPED_TRACE(describe(c) + " seed=" + std::to_string(seed));
+  std::mt19937_64 gen(seed);
+  const Inputs in = make_inputs(c, gen);
+  const int64_t rows = permuted_rows_bound(c.T, c.K, c.E, c.capacity) + 3;
+  Context ctx;
+  const Permuted plain = run_permute(in, c, rows, ctx), zeroed = run_permute(in, c, rows, ctx, true);
+  const int64_t kept = plain.offsets.ptr<int32_t>()[c.E];
+  for (int64_t i = 0; i < rows * c.H; ++i)
+    ASSERT_EQ(zeroed.permuted_x.ptr<uint16_t>()[i], i < kept * c.H ? plain.permuted_x.ptr<uint16_t>()[i] : 0) << i;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float got = zeroed.permuted_probs.ptr<float>()[r];
+    ASSERT_TRUE(r < kept ? got == plain.permuted_probs.ptr<float>()[r] : got == 0.0f && !std::signbit(got)) << r;
+  }
+  EXPECT_TRUE(bytes_equal(zeroed.row_map.view, plain.row_map.view));
 }
 
 TEST_P(PermuteCases, UnpermuteIsTheFp32SlotOrderSumRoundedOnceAndGathersProbs) {

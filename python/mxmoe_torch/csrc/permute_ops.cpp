@@ -38,10 +38,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> permute_t
   const int64_t T = x.size(0), H = x.size(1), K = expert_ids.size(1);
   const int64_t R = std::max<int64_t>(0, permuted_rows_bound(T, K, experts, capacity));
   const at::TensorOptions i32 = x.options().dtype(at::kInt);
-  at::Tensor permuted_x = at::zeros({R, H}, x.options());
+  // Uninitialized: the library writes the rows past offsets[E] as zeros itself (zero_unused_rows),
+  // which costs nothing when every slot is kept, where a zero fill of R x H would cost as much as the
+  // permute (docs/kernels/permute.md).
+  at::Tensor permuted_x = at::empty({R, H}, x.options());
   at::Tensor offsets = at::empty({std::max<int64_t>(experts, 0) + 1}, i32);
   at::Tensor row_map = at::empty(expert_ids.sizes(), i32);
-  at::Tensor permuted_probs = given(probs) ? at::zeros({R}, x.options().dtype(at::kFloat)) : no_probs(x);
+  at::Tensor permuted_probs = given(probs) ? at::empty({R}, x.options().dtype(at::kFloat)) : no_probs(x);
   at::Tensor invalid = at::zeros({1}, i32);
   PermuteArgs a;
   a.x = view(x);
@@ -54,6 +57,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> permute_t
   a.row_map = view(row_map);
   if (given(probs)) a.permuted_probs = view(permuted_probs);
   a.invalid = view(invalid);
+  a.zero_unused_rows = true;
   CallContext cc(x);
   mxmoe::permute_tokens(cc.get(), a);
   return {permuted_x, offsets, row_map, permuted_probs, invalid};

@@ -34,6 +34,7 @@
 #include <type_traits>
 
 #include "mxmoe/numerics.h"
+#include "src/common/experts.h"
 #include "src/cuda/common/block_scan.cuh"
 #include "src/cuda/common/check.h"
 #include "src/cuda/common/workspace.h"
@@ -681,8 +682,44 @@ void launch_unpermute(const Vec<W>* in, const int32_t* row_map, const float* in_
 
 }  // namespace
 
+namespace {
+// Rows offsets[E] .. R-1 of a [R, row_bytes] buffer as zeros, 16 bytes per thread and step (row_bytes
+// % 16 == 0) or 4 (row_bytes % 4 == 0, the probs); nothing to do costs one read of offsets[E].
+template <class V>
+__global__ void __launch_bounds__(kMoveThreads) zero_rows_from_kernel(const int32_t* __restrict__ used, int64_t rows,
+                                                                      int64_t row_vecs, V* __restrict__ out) {
+  const int64_t first = clamp_offset(*used, rows) * row_vecs, n = rows * row_vecs;
+  for (int64_t i = first + static_cast<int64_t>(blockIdx.x) * kMoveThreads + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kMoveThreads)
+    out[i] = V{};
+}
+template <class V>
+void zero_rows_from(const int32_t* used, int64_t rows, int64_t row_bytes, void* out, cudaStream_t stream) {
+  const int64_t vecs = row_bytes / static_cast<int64_t>(sizeof(V));
+  if (rows <= 0 || vecs <= 0) return;
+  const int64_t blocks = std::min<int64_t>(ceil_div(rows * vecs, kMoveThreads), 132 * 16);
+  zero_rows_from_kernel<V><<<static_cast<unsigned>(blocks), kMoveThreads, 0, stream>>>(used, rows, vecs, static_cast<V*>(out));
+  MXMOE_CUDA_CHECK_LAUNCH();
+}
+}  // namespace
+
+static void route_ids(const detail::RouteTokensStep& s, cudaStream_t stream);
+
 void route_tokens(const detail::RouteTokensStep& s, void* stream_ptr) {
   const cudaStream_t stream = as_stream(stream_ptr);
+  route_ids(s, stream);
+  const int32_t* used = s.offsets.ptr<const int32_t>() + s.experts;
+  if (s.zero_x.data) {
+    const int64_t row_bytes = s.zero_x.shape[1] * 2;
+    if (row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(s.zero_x.data) % 16 == 0)
+      zero_rows_from<uint4>(used, s.zero_x.shape[0], row_bytes, s.zero_x.data, stream);
+    else
+      zero_rows_from<uint16_t>(used, s.zero_x.shape[0], row_bytes, s.zero_x.data, stream);
+  }
+  if (s.zero_probs.data) zero_rows_from<float>(used, s.zero_probs.shape[0], 4, s.zero_probs.data, stream);
+}
+
+static void route_ids(const detail::RouteTokensStep& s, cudaStream_t stream) {
   const int64_t slots = s.expert_ids.numel(), E = s.experts;
   if (E < 1 || E >= INT32_MAX)
     throw Error("experts", "E=" + std::to_string(E) + " is outside what the device routing takes");

@@ -43,6 +43,13 @@ void set_glu(MGemmStep& s, const Problem& p, const TensorView& c, const GluOutpu
   s.pow2_scales = p.pow2_scales;
 }
 
+// A GEMM step of the problem's recipe: its query carries pow2_scales (probes of fp8_blockwise GEMMs
+// decide on it).
+LayerStep with_pow2(const Problem& p, LayerStep step) {
+  step.query.pow2_scales = p.pow2_scales;
+  return step;
+}
+
 // The recipe a quantize step serves, from its output format.
 Recipe recipe_of(QuantFormat f) { return f == QuantFormat::fp8_block ? Recipe::fp8_blockwise : Recipe::mxfp8; }
 
@@ -71,10 +78,12 @@ LayerStep wgrad(const char* label, const Problem& p, const KGroupedGemmArgs& a, 
   const double T = static_cast<double>(rows_of(a.a)), E = static_cast<double>(p.experts);
   const DType out = a.d.per_expert() ? a.d.dtype : a.d.dense.dtype;
   const double out_bytes = E * m * n * static_cast<double>(dtype_size(out)) * (a.accumulate ? 2.0 : 1.0);
-  return {label,
-          {Step::gemm_k, device_of(a.a), p.recipe, n, m},
-          {2.0 * T * m * n, T * (m + n) * elem_bytes(a.a) + out_bytes},
-          a};
+  LayerStep step{label,
+                 {Step::gemm_k, device_of(a.a), p.recipe, n, m},
+                 {2.0 * T * m * n, T * (m + n) * elem_bytes(a.a) + out_bytes},
+                 a};
+  step.query.pow2_scales = p.pow2_scales;
+  return step;
 }
 
 }  // namespace
@@ -123,7 +132,7 @@ LayerStep fc1_fprop(const Problem& p, const Fc1FpropArgs& a) {
   const double T = static_cast<double>(rows_of(a.x)), H = p.hidden, F = p.ffn, E = p.experts;
   const double bytes =
       T * H * elem_bytes(a.x) + E * 2 * F * H * elem_bytes(a.w1) + T * 2 * F * kBf16Bytes + T * F * kGluOutBytes;
-  return {"fc1_fprop", {Step::gemm_m, device_of(a.x), p.recipe, 2 * p.ffn, p.hidden}, {4 * T * H * F, bytes}, s};
+  return with_pow2(p, {"fc1_fprop", {Step::gemm_m, device_of(a.x), p.recipe, 2 * p.ffn, p.hidden}, {4 * T * H * F, bytes}, s});
 }
 
 LayerStep fc2_fprop(const Problem& p, const Fc2FpropArgs& a) {
@@ -133,7 +142,7 @@ LayerStep fc2_fprop(const Problem& p, const Fc2FpropArgs& a) {
   s.gemm.d = a.y;
   const double T = static_cast<double>(rows_of(a.a)), H = p.hidden, F = p.ffn, E = p.experts;
   const double bytes = T * F * elem_bytes(a.a) + E * H * F * elem_bytes(a.w2) + T * H * kBf16Bytes;
-  return {"fc2_fprop", {Step::gemm_m, device_of(a.a), p.recipe, p.hidden, p.ffn}, {2 * T * H * F, bytes}, s};
+  return with_pow2(p, {"fc2_fprop", {Step::gemm_m, device_of(a.a), p.recipe, p.hidden, p.ffn}, {2 * T * H * F, bytes}, s});
 }
 
 LayerStep fc2_bias_grads(const Problem& p, const Fc2BiasGradStep& args) {
@@ -156,7 +165,7 @@ LayerStep fc2_dgrad(const Problem& p, const Fc2DgradArgs& a) {
   const double T = static_cast<double>(rows_of(a.dy)), H = p.hidden, F = p.ffn, E = p.experts;
   const double bytes =
       T * H * elem_bytes(a.dy) + E * H * F * elem_bytes(a.w2) + T * 2 * F * kBf16Bytes + T * 2 * F * kGluOutBytes;
-  return {"fc2_dgrad", {Step::gemm_m, device_of(a.dy), p.recipe, p.ffn, p.hidden}, {2 * T * H * F, bytes}, s};
+  return with_pow2(p, {"fc2_dgrad", {Step::gemm_m, device_of(a.dy), p.recipe, p.ffn, p.hidden}, {2 * T * H * F, bytes}, s});
 }
 
 LayerStep fc1_dgrad(const Problem& p, const Fc1DgradArgs& a) {
@@ -165,7 +174,7 @@ LayerStep fc1_dgrad(const Problem& p, const Fc1DgradArgs& a) {
   s.gemm.d = a.dx;
   const double T = static_cast<double>(rows_of(a.dc)), H = p.hidden, F = p.ffn, E = p.experts;
   const double bytes = T * 2 * F * elem_bytes(a.dc) + E * 2 * F * H * elem_bytes(a.w1) + T * H * kBf16Bytes;
-  return {"fc1_dgrad", {Step::gemm_m, device_of(a.dc), p.recipe, p.hidden, 2 * p.ffn}, {4 * T * H * F, bytes}, s};
+  return with_pow2(p, {"fc1_dgrad", {Step::gemm_m, device_of(a.dc), p.recipe, p.hidden, 2 * p.ffn}, {4 * T * H * F, bytes}, s});
 }
 
 LayerStep fc2_wgrad(const Problem& p, const KGroupedGemmArgs& a) { return wgrad("fc2_wgrad", p, a, p.hidden, p.ffn); }

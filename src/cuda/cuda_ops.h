@@ -15,6 +15,16 @@ void quantize_experts(const detail::QuantizeExpertsStep& s, void* stream);
 void dequantize_experts(const uint8_t* data, const uint8_t* scales, int64_t experts, int64_t rows, int64_t cols,
                         BlockAxis axis, ScaleLayout layout, uint16_t* dst, void* stream);
 
+// src/cuda/quant/fp8_block.cu: FP8 blockwise (recipe fp8_blockwise). quantize and quantize_experts
+// above hand fp8_block outputs to the first two. The GEMM steps on fp8_block operands dequantize them
+// to bf16 (exact for power-of-two scales, the only ones the probes let through) and run `bf16_gemm`,
+// a backend's BF16 kernel, with the same epilogue; fp8_block activation outputs are quantized from
+// the bf16 it wrote.
+void quantize_fp8_block(const QuantizeArgs& a, void* stream);
+void quantize_experts_fp8_block(const detail::QuantizeExpertsStep& s, void* stream);
+void gemm_m_fp8_block(const detail::MGemmStep& s, void* stream, void (*bf16_gemm)(const detail::MGemmStep&, void*));
+void gemm_k_fp8_block(const KGroupedGemmArgs& a, void* stream, void (*bf16_gemm)(const KGroupedGemmArgs&, void*));
+
 namespace portable {
 // src/cuda/portable/: mma.sync grouped GEMMs for any GPU from sm_80.
 void gemm_m(const detail::MGemmStep& s, void* stream);

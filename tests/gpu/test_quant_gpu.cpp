@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "src/common/fp8_block.h"
 #include "src/cpu/cpu_ops.h"
 #include "tests/gpu_support.h"
 
@@ -537,6 +538,94 @@ TEST_P(GpuQuant, QuantizeBandwidthOnALargeInput) {
   cuda_ok(cudaEventDestroy(t0));
   cuda_ok(cudaEventDestroy(t1));
   EXPECT_GT(sec, 0.0);
+#endif
+}
+
+// ---- FP8 blockwise (recipe fp8_blockwise; src/cuda/quant/fp8_block.cu vs src/cpu/fp8_block.cpp) ----
+
+#if defined(MXMOE_WITH_CUDA)
+// Rows (1x128) and token blocks (128 rows per group) of fresh input, both scale options, bit-exact
+// with the CPU reference: data, f32 scales and every padding float (outputs poisoned both sides).
+void check_fp8_block_quantize(detail::Backend& backend, const std::vector<int>& sizes, int64_t k, bool pow2) {
+  SCOPED_TRACE("fp8_block K=" + std::to_string(k) + (pow2 ? " pow2" : "") + " groups=" + std::to_string(sizes.size()));
+  detail::StepQuery q{detail::Step::quantize, kGpu0, Recipe::fp8_blockwise, 0, k};
+  MXMOE_SKIP_UNLESS_SERVED(backend, backend.probe(q));
+  const HostTensor offsets = offsets_from_sizes(sizes);
+  const int64_t E = offsets.numel() - 1, m = offsets.ptr<int32_t>()[E];
+  HostTensor src = make_input(m, k);
+  DeviceTensor d_src(src), d_offsets(offsets);
+  const int64_t row_count = fp8_rowwise_scale_count(m, k), col_count = fp8_token_block_rows_capacity(m, E) * k;
+  HostTensor rd(DType::e4m3, {m, k}), rs(DType::f32, {row_count}), cd(DType::e4m3, {m, k}), cs(DType::f32, {col_count});
+  DeviceTensor d_rd(rd.view), d_rs(rs.view), d_cd(cd.view), d_cs(cs.view);
+  for (HostTensor* t : {&rd, &rs, &cd, &cs}) t->poison(kCpuPoison);
+  for (DeviceTensor* t : {&d_rd, &d_rs, &d_cd, &d_cs}) t->poison(kGpuPoison);
+  auto view = [](const TensorView& d, const TensorView& sc, BlockAxis axis) {
+    Mxfp8View v{d, sc, axis, ScaleLayout::compact, QuantFormat::fp8_block};
+    static uint8_t marker;  // an M = 0 output is still requested
+    if (v.data.data == nullptr) v.data.data = &marker;
+    return v;
+  };
+  QuantizeArgs host{src.view, {offsets.view}, view(rd.view, rs.view, BlockAxis::row), view(cd.view, cs.view, BlockAxis::col), pow2};
+  QuantizeArgs dev{d_src.view, {d_offsets.view}, view(d_rd.view, d_rs.view, BlockAxis::row),
+                   view(d_cd.view, d_cs.view, BlockAxis::col), pow2};
+  cpu::quantize(host);
+  Context ctx;
+  backend.quantize(ctx, dev);
+  cuda_ok(cudaDeviceSynchronize());
+  expect_same_bytes(d_rd.download(), rd, "rows data");
+  expect_same_bytes(d_rs.download(), rs, "rows scales");
+  expect_same_bytes(d_cd.download(), cd, "token-block data");
+  expect_same_bytes(d_cs.download(), cs, "token-block scales");
+  if (m > 0) {
+    EXPECT_TRUE(any_nonzero(rd) && any_nonzero(cs));
+  }
+}
+#endif
+
+TEST_P(GpuQuant, Fp8BlockQuantizeMatchesCpuForEdgeAndSkewedGroups) {
+#if defined(MXMOE_WITH_CUDA)
+  for (bool pow2 : {false, true}) {
+    for (int64_t k : {16, 200, 1408}) check_fp8_block_quantize(backend(), shuffled({0, 1, 127, 128, 129, 255, 300}), k, pow2);
+    check_fp8_block_quantize(backend(), skewed_sizes(32, 9000), 2880, pow2);
+    check_fp8_block_quantize(backend(), {0, 0, 0}, 256, pow2);
+  }
+#endif
+}
+
+TEST_P(GpuQuant, Fp8BlockWeightsDenseAndPointerTableMatchCpu) {
+#if defined(MXMOE_WITH_CUDA)
+  detail::StepQuery q{detail::Step::quantize_experts, kGpu0, Recipe::fp8_blockwise, 200, 144};
+  MXMOE_SKIP_UNLESS_SERVED(backend(), backend().probe(q));
+  for (bool pow2 : {false, true})
+    for (bool per_expert : {false, true}) {
+      const int64_t E = 3, rows = 200, cols = 144, per = fp8_weight_scale_count(rows, cols);
+      HostTensor w = make_input(E * rows, cols);
+      w.view = TensorView::of(w.view.data, DType::bf16, {E, rows, cols});
+      DeviceTensor d_w(w);
+      HostTensor table(DType::i64, {E});
+      for (int64_t e = 0; e < E; ++e)
+        table.ptr<int64_t>()[e] = reinterpret_cast<int64_t>(static_cast<char*>(d_w.ptr) + e * rows * cols * 2);
+      DeviceTensor d_table(table);
+      HostTensor qd(DType::e4m3, {E, rows, cols}), qs(DType::f32, {E * per});
+      DeviceTensor d_qd(qd.view), d_qs(qs.view);
+      qd.poison(kCpuPoison);
+      qs.poison(kCpuPoison);
+      d_qd.poison(kGpuPoison);
+      d_qs.poison(kGpuPoison);
+      detail::QuantizeExpertsStep host{{w.view, {}, DType::bf16}, E, rows, cols, qd.view, qs.view};
+      host.format = QuantFormat::fp8_block;
+      host.pow2_scales = pow2;
+      detail::QuantizeExpertsStep dev = host;
+      dev.src = per_expert ? ExpertMatrices{{}, d_table.view, DType::bf16} : ExpertMatrices{d_w.view, {}, DType::bf16};
+      dev.data = d_qd.view;
+      dev.scales = d_qs.view;
+      cpu::quantize_experts(host);
+      Context ctx;
+      backend().quantize_experts(ctx, dev);
+      cuda_ok(cudaDeviceSynchronize());
+      expect_same_bytes(d_qd.download(), qd, per_expert ? "per-expert data" : "dense data");
+      expect_same_bytes(d_qs.download(), qs, per_expert ? "per-expert scales" : "dense scales");
+    }
 #endif
 }
 

@@ -19,9 +19,13 @@ class CudaPortableBackend final : public detail::Backend {
   }
   // Every step, every shape the entry points accept (the permute steps too: any E, T, K and H), in
   // the bf16 and mxfp8 recipes.
+  // fp8_blockwise GEMMs run through the BF16 kernels on dequantized operands, exact only with
+  // power-of-two scales (src/cuda/quant/fp8_block.cu).
   detail::Probe probe(const detail::StepQuery& q) const override {
-    if (q.recipe == Recipe::fp8_blockwise)
-      return {false, "the fp8_blockwise recipe has no cuda_portable kernels yet (issue 10); it runs on the cpu backend"};
+    const bool gemm = q.step == detail::Step::gemm_m || q.step == detail::Step::gemm_k;
+    if (q.recipe == Recipe::fp8_blockwise && gemm && !q.pow2_scales)
+      return {false, "fp8_blockwise GEMMs with fp32 (not power-of-two) scales need FP8 MMAs with promotion every 128, "
+                     "not written yet; power-of-two scales (pow2_scales) run here"};
     return {true, ""};
   }
   void quantize(Context& c, const QuantizeArgs& a) override { cuda::quantize(a, c.options().stream); }

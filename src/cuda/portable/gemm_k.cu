@@ -11,6 +11,9 @@ const TensorView& operand_view(const Operand& a) { return a.mx.data.rank > 0 ? a
 }  // namespace
 
 void gemm_k(const KGroupedGemmArgs& a, void* stream_ptr) {
+  // FP8 blockwise: through these BF16 kernels (src/cuda/quant/fp8_block.cu).
+  if (a.a.mx.data.rank > 0 && a.a.mx.format == QuantFormat::fp8_block)
+    return gemm_k_fp8_block(a, stream_ptr, &portable::gemm_k);
   const cudaStream_t stream = as_stream(stream_ptr);
   const bool fp8 = a.a.mx.data.rank > 0;
   if (fp8 != (a.b.mx.data.rank > 0))

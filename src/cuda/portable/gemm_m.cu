@@ -42,6 +42,9 @@ void clear_scales(const Mxfp8View& v, cudaStream_t stream) {
 }  // namespace
 
 void gemm_m(const detail::MGemmStep& s, void* stream_ptr) {
+  // FP8 blockwise: through these BF16 kernels (src/cuda/quant/fp8_block.cu).
+  if (s.gemm.a.mx.data.rank > 0 && s.gemm.a.mx.format == QuantFormat::fp8_block)
+    return gemm_m_fp8_block(s, stream_ptr, &portable::gemm_m);
   const cudaStream_t stream = as_stream(stream_ptr);
   const MGroupedGemmArgs& g = s.gemm;
   const bool fp8 = g.a.mx.data.rank > 0;

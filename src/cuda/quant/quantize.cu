@@ -41,6 +41,9 @@ void launch_quantize(const QuantizeParams& p, int64_t row_tiles, int64_t matrice
 
 void quantize(const QuantizeArgs& a, void* stream_ptr) {
   using namespace quant;
+  if ((a.rowwise.data.data && a.rowwise.format == QuantFormat::fp8_block) ||
+      (a.colwise.data.data && a.colwise.format == QuantFormat::fp8_block))
+    return quantize_fp8_block(a, stream_ptr);
   const cudaStream_t stream = as_stream(stream_ptr);
   const int64_t m = a.src.size(0), k = a.src.size(1);
   const bool row = a.rowwise.data.data != nullptr, col = a.colwise.data.data != nullptr;

@@ -105,6 +105,7 @@ void dequantize_experts(const uint8_t* data, const uint8_t* scales, int64_t expe
 
 void quantize_experts(const detail::QuantizeExpertsStep& s, void* stream_ptr) {
   using namespace quant;
+  if (s.format == QuantFormat::fp8_block) return quantize_experts_fp8_block(s, stream_ptr);
   const cudaStream_t stream = as_stream(stream_ptr);
   const bool row = s.axis == BlockAxis::row;
   if (s.scales.bytes() > 0) {

@@ -120,19 +120,14 @@ struct ActivationOut {
   }
 };
 
-// Host offsets 0 .. t_total of the groups, as the fp8_block GEMMs take them.
-std::vector<int32_t> offsets_i32(const std::vector<int64_t>& bounds) {
-  return std::vector<int32_t>(bounds.begin(), bounds.end());
-}
-
 // FP8 blockwise operands (docs/numerics.md "FP8 blockwise", GEMM rule): the whole fp32 product
 // [T, N] of an m-grouped GEMM, which the epilogues below then read row by row.
-std::vector<float> fp8_block_product(const MGemmStep& s, const std::vector<int64_t>& bounds, int64_t t_total,
+std::vector<float> fp8_block_product(const MGemmStep& s, int64_t t_total,
                                      int64_t k, int64_t n) {
   const MGroupedGemmArgs& g = s.gemm;
   if (!g.b.is_fp8_block() || g.b.data.per_expert())
     throw Error("b", "an fp8_block A needs dense fp8_block weights (128x128 blocks)");
-  const std::vector<int32_t> off = offsets_i32(bounds);
+  const std::vector<int32_t> off = fp8_offsets(g.offsets, t_total);
   std::vector<float> d(static_cast<size_t>(t_total * n));
   const auto* qa = g.a.mx.data.ptr<const uint8_t>();
   const auto* sa = g.a.mx.scales.ptr<const float>();
@@ -166,7 +161,7 @@ void gemm_m(const MGemmStep& s) {
   std::vector<float> dc(want_db1 ? static_cast<size_t>(kRowChunk * 2 * f) : 0);  // fp32 dC [rows, 2F]
   std::vector<double> db1(want_db1 ? static_cast<size_t>(2 * f) : 0);
   const bool fp8 = g.a.is_fp8_block();
-  const std::vector<float> prod = fp8 ? fp8_block_product(s, o, t_total, k, n) : std::vector<float>{};
+  const std::vector<float> prod = fp8 ? fp8_block_product(s, t_total, k, n) : std::vector<float>{};
 
   for (int64_t e = 0; e < experts; ++e) {
     const int64_t begin = o[e], end = o[e + 1];
@@ -239,7 +234,7 @@ void gemm_k(const KGroupedGemmArgs& a) {
   std::vector<float> prod;
   if (fp8) {
     if (!a.b.is_fp8_block()) throw Error("b", "a and b must both be fp8_block");
-    const std::vector<int32_t> off = offsets_i32(o);
+    const std::vector<int32_t> off = fp8_offsets(a.offsets, t_total);
     prod.resize(static_cast<size_t>(experts * m * n));
     fp8_gemm_wgrad(a.a.mx.data.ptr<const uint8_t>(), a.a.mx.scales.ptr<const float>(), m,
                    a.b.mx.data.ptr<const uint8_t>(), a.b.mx.scales.ptr<const float>(), n, t_total, off.data(),

@@ -87,6 +87,14 @@ std::vector<int64_t> group_bounds(const GroupOffsets& g, int64_t total_rows) {
   return o;
 }
 
+std::vector<int32_t> fp8_offsets(const GroupOffsets& g, int64_t total_rows) {
+  if (g.offsets.data == nullptr) return {};
+  const std::vector<int64_t> b = group_bounds(g, total_rows);
+  std::vector<int32_t> o(b.begin(), b.end());
+  o.back() = static_cast<int32_t>(total_rows);
+  return o;
+}
+
 std::vector<int64_t> colwise_chunk_rows(const std::vector<int64_t>& bounds) {
   std::vector<int64_t> s(bounds.size() > 0 ? bounds.size() - 1 : 0, 0);
   for (size_t e = 1; e < s.size(); ++e) s[e] = s[e - 1] + colwise_group_scale_rows(bounds[e] - bounds[e - 1]);

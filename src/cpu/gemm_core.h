@@ -36,6 +36,9 @@ void gemm_f32(int64_t m_pad, int64_t n_pad, int64_t kdim, const float* a, int64_
 // Group bounds o[0..E] read from (possibly device-written) offsets, clamped to [0, T] and made
 // monotone, so that bad offsets can give wrong numbers but never an out-of-bounds access.
 std::vector<int64_t> group_bounds(const GroupOffsets& g, int64_t total_rows);
+// The same bounds as the host i32 offsets src/cpu/fp8_block.h takes (0 .. total_rows: the end pinned
+// at total_rows, where validated offsets end anyway); empty without offsets (one group).
+std::vector<int32_t> fp8_offsets(const GroupOffsets& g, int64_t total_rows);
 
 // First column-wise scale row of every group: s_e = sum_{h<e} colwise_group_scale_rows(m_h).
 std::vector<int64_t> colwise_chunk_rows(const std::vector<int64_t>& bounds);

@@ -137,17 +137,6 @@ void quantize_col_block(const uint16_t* src, uint8_t* dst, int64_t k, const ColB
   }
 }
 
-// Host offsets as the fp8_block functions take them: 0, the group ends (clamped into [0, total],
-// monotone, as groups_of() reads them), total; empty for one group.
-std::vector<int32_t> fp8_offsets(const GroupOffsets& g, int64_t total) {
-  std::vector<int32_t> o;
-  if (g.offsets.data == nullptr) return o;
-  o.push_back(0);
-  for (const Group& gr : groups_of(g, total)) o.push_back(static_cast<int32_t>(gr.begin + gr.rows));
-  o.back() = static_cast<int32_t>(total);  // the layer's host offsets end at T (validated)
-  return o;
-}
-
 void check_fp8_count(int64_t have, int64_t need, const char* what) {
   if (have < need)
     throw Error(what, "scale buffer has " + std::to_string(have) + " floats, needs " + std::to_string(need));
@@ -162,7 +151,7 @@ void quantize_fp8_block(const QuantizeArgs& a) {
     fp8_quantize_rows(src, m, k, a.pow2_scales, a.rowwise.data.ptr<uint8_t>(), a.rowwise.scales.ptr<float>());
   }
   if (a.colwise.data.data != nullptr) {
-    const std::vector<int32_t> off = fp8_offsets(a.groups, m);
+    const std::vector<int32_t> off = gemm_detail::fp8_offsets(a.groups, m);
     const int64_t experts = off.empty() ? 1 : static_cast<int64_t>(off.size()) - 1;
     const int64_t scale_rows = k > 0 ? a.colwise.scales.numel() / k : 0;
     fp8_quantize_token_blocks(src, m, k, off.empty() ? nullptr : off.data(), experts, a.pow2_scales,

@@ -254,7 +254,10 @@ def test_cache_is_built_once_across_forwards_and_used_by_backward(device, counti
     with torch.no_grad():
         m(d.x, d.offsets, d.probs)  # inference reuses it too
     assert counting.prepared == 1
-    assert m.prepared_weights_bytes == expected_bytes(4, 64, 64) == first.bytes()
+    # On a Hopper build the object also keeps the BF16 copies (as in the op test above).
+    copies = 2 * 2 * 4 * 3 * 64 * 64
+    assert m.prepared_weights_bytes == first.bytes()
+    assert first.bytes() - expected_bytes(4, 64, 64) in ((0, copies) if device == "cuda" else (0,))
     assert f"prepared_weights_bytes={m.prepared_weights_bytes}" in repr(m)
 
 

@@ -31,10 +31,16 @@ MXMOE_HD float fp8_block_scale(float amax, bool pow2) {
 // for pow2 scales).
 MXMOE_HD float fp8_block_scale_inv(float s) { return 1.0f / s; }
 
-// One value: q = E4M3(fp32(x * s)) (round to nearest even, saturating at +-448, NaN stays NaN);
-// decoded, fp32(e4m3(q) * s_inv).
-MXMOE_HD uint8_t fp8_block_encode(float x, float s) { return e4m3_from_f32(x * s); }
-MXMOE_HD float fp8_block_decode(uint8_t q, float s_inv) { return e4m3_to_f32(q) * s_inv; }
+// One value: q = E4M3(fp32(x * s)) (round to nearest even, saturating at +-448, NaN stays NaN
+// with its sign); decoded, fp32(e4m3(q) * s_inv). A NaN bypasses the multiply: x86 keeps a NaN
+// operand's sign through it, a GPU returns the canonical +NaN, and the bytes must not depend on
+// which machine quantized.
+MXMOE_HD uint8_t fp8_block_encode(float x, float s) {
+  return (f32_bits(x) & 0x7fffffffu) > 0x7f800000u ? e4m3_from_f32(x) : e4m3_from_f32(x * s);
+}
+MXMOE_HD float fp8_block_decode(uint8_t q, float s_inv) {
+  return (q & 0x7fu) == 0x7fu ? e4m3_to_f32(q) : e4m3_to_f32(q) * s_inv;
+}
 
 // ---- where the scales live (fp32) ----
 // Row-wise activations [T, K] (1x128 along K): MN-major [ceil(K/128)][roundup(T, 4)], the layout a

@@ -233,11 +233,14 @@ TEST(Fp8Block, NanStaysInItsSlotAndInfSaturates) {
   std::vector<uint16_t> x(256);
   for (int i = 0; i < 256; ++i) x[i] = bf16_from_f32(0.01f * static_cast<float>(i % 17 - 8));
   x[3] = 0x7fc0;    // NaN in block 0: skipped by the amax
+  x[5] = 0xffc0;    // -NaN: keeps its sign (the bytes do not depend on the machine's NaN rules)
   x[200] = 0x7f80;  // +Inf in block 1: amax Inf, scale 1
   std::vector<uint8_t> q(256);
   std::vector<float> s(fp8_rowwise_scale_count(1, 256));
   cpu::fp8_quantize_rows(x.data(), 1, 256, false, q.data(), s.data());
-  EXPECT_EQ(q[3] & 0x7f, 0x7f);  // NaN
+  EXPECT_EQ(q[3], 0x7f);  // +NaN
+  EXPECT_EQ(q[5], 0xff);  // -NaN
+  EXPECT_TRUE(std::isnan(fp8_block_decode(q[5], 0.5f)) && std::signbit(fp8_block_decode(q[5], 0.5f)));
   const float amax0 = f32_from_bf16(bf16_from_f32(0.08f));
   EXPECT_EQ(s[0], 1.0f / (448.0f / amax0));                 // amax of the finite values
   EXPECT_EQ(s[fp8_rowwise_scale_index(0, 1, 1)], 1.0f);     // Inf: scale 1

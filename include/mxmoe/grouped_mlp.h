@@ -100,8 +100,9 @@ struct WeightsArgs {
   ExpertMatrices w1;  // bf16 [E, 2F, H]
   ExpertMatrices w2;  // bf16 [E, H, F]
   // Also keep BF16 copies of the dequantized weights (2 bytes per value per orientation, in bytes()),
-  // made only where cuda_sm90 serves the device: its MXFP8 GEMMs compute in BF16 and read them
-  // instead of turning the FP8 weights into a transient BF16 copy on every call. false: smallest.
+  // made only where cuda_sm90 serves the device: its MXFP8 GEMMs (and fp8_blockwise GEMMs with
+  // power-of-two scales: one copy per weight, not two) compute in BF16 and read them instead of
+  // turning the FP8 weights into a transient BF16 copy on every call. false: smallest.
   bool bf16_copies = true;
 };
 

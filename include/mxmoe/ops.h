@@ -33,9 +33,10 @@ struct ExpertOperand {
   ExpertMatrices data;    // bf16 or e4m3
   ExpertMatrices scales;  // e8m0, MXFP8 only
   ScaleLayout layout = ScaleLayout::compact;
-  // Optional, MXFP8 only: bf16 [E, rows, cols] holding exactly the dequantized values (data x
-  // 2^(scale - 127), rounded to bf16), which cuda_sm90 reads instead of dequantizing B per call.
-  // prepare_weights() fills it (WeightsArgs::bf16_copies); other backends ignore it.
+  // Optional: bf16 [E, rows, cols] holding exactly the dequantized values (MXFP8: data x
+  // 2^(scale - 127); fp8_block with power-of-two scales: data x scale_inv; rounded to bf16), which
+  // cuda_sm90 reads instead of dequantizing B per call. prepare_weights() fills it
+  // (WeightsArgs::bf16_copies); other backends ignore it.
   ExpertMatrices dequantized;
   // fp8_block: 128x128 blocks, scales f32 [E, fp8_weight_scale_count(rows, cols)] of each expert's
   // [rows, cols] as stored (the same copy serves fprop and dgrad); layout unused.

@@ -111,6 +111,14 @@ def expected_bytes(E, H, F):
     return total
 
 
+def bytes_match_layout(got, E, H, F, device):
+    """Where cuda_sm90 serves the device (a Hopper build), the object also keeps BF16 copies of the
+    dequantized weights, 2 bytes per value per orientation (WeightsArgs::bf16_copies); elsewhere
+    exactly the layout's bytes."""
+    copies = 2 * 2 * E * 3 * F * H
+    return got - expected_bytes(E, H, F) in ((0, copies) if device == "cuda" else (0,))
+
+
 # ---------------------------------------------------------------- the ops
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -123,10 +131,7 @@ def test_prepare_op_bytes_and_layer_ops_with_it(device):
     # comparison for an opaque object (and the module never traces this op).
     torch.library.opcheck(ops.grouped_mlp_prepare_weights.default, (d.w1, d.w2, *cfg),
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
-    # Where cuda_sm90 serves the device (a Hopper build), the object also keeps BF16 copies of the
-    # dequantized weights, 2 bytes per value per orientation (WeightsArgs::bf16_copies).
-    copies = 2 * 2 * 4 * 3 * 96 * 128
-    assert pw.bytes() - expected_bytes(4, 128, 96) in ((0, copies) if device == "cuda" else (0,))
+    assert bytes_match_layout(pw.bytes(), 4, 128, 96, device)
     assert torch.device(pw.device()) == d.w1.device
     y0, saved0 = ops.grouped_mlp_forward(*d.inputs(), *cfg)
     y1, saved1 = ops.grouped_mlp_forward(*d.inputs(), *cfg, pw)
@@ -254,10 +259,7 @@ def test_cache_is_built_once_across_forwards_and_used_by_backward(device, counti
     with torch.no_grad():
         m(d.x, d.offsets, d.probs)  # inference reuses it too
     assert counting.prepared == 1
-    # On a Hopper build the object also keeps the BF16 copies (as in the op test above).
-    copies = 2 * 2 * 4 * 3 * 64 * 64
-    assert m.prepared_weights_bytes == first.bytes()
-    assert first.bytes() - expected_bytes(4, 64, 64) in ((0, copies) if device == "cuda" else (0,))
+    assert m.prepared_weights_bytes == first.bytes() and bytes_match_layout(first.bytes(), 4, 64, 64, device)
     assert f"prepared_weights_bytes={m.prepared_weights_bytes}" in repr(m)
 
 
@@ -358,7 +360,7 @@ def test_release_copy_and_move_drop_the_cache(device, counting):
     d = Data(device, [20, 0, 12], seed=30)
     m = module_for(d, config("mxfp8"))
     m(d.x, d.offsets, d.probs)
-    assert m.prepared_weights_bytes == expected_bytes(3, 64, 64)
+    assert bytes_match_layout(m.prepared_weights_bytes, 3, 64, 64, device)
     clone = copy.deepcopy(m)  # the opaque object is not copied: the copy prepares its own
     assert clone.prepared_weights_bytes == 0 and m.prepared_weights_bytes > 0
     assert_same_bits(step(clone, d.x, d.offsets, d.probs, d.dy), step(m, d.x, d.offsets, d.probs, d.dy))

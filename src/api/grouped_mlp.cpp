@@ -299,7 +299,9 @@ int64_t prepare_memory(const Problem& p, bool copies) {
   int64_t n = 0;
   if (q.format == QuantFormat::fp8_block) {  // one copy of each weight serves fprop and dgrad
     n = checked_add(n, expert_quant_bytes(q, E, 2 * F, H, BlockAxis::row, what), what);
-    return checked_add(n, expert_quant_bytes(q, E, H, F, BlockAxis::row, what), what);
+    n = checked_add(n, expert_quant_bytes(q, E, H, F, BlockAxis::row, what), what);
+    if (copies) n = checked_add(n, checked_mul({E, 3 * F, H, 2}, what), what);  // one bf16 copy each
+    return n;
   }
   for (BlockAxis axis : {BlockAxis::row, BlockAxis::col}) {
     n = checked_add(n, expert_mxfp8_bytes(E, 2 * F, H, axis, what), what);  // w1
@@ -309,11 +311,13 @@ int64_t prepare_memory(const Problem& p, bool copies) {
   return n;
 }
 
-// Whether prepare_weights keeps bf16 copies of the dequantized weights: asked for, and cuda_sm90
-// (the backend that reads them) serves the device and is neither denied nor overridden by a forced
-// backend.
+// Whether prepare_weights keeps bf16 copies of the dequantized weights: asked for, the recipe's
+// sm90 GEMMs read them (mxfp8; fp8_blockwise with power-of-two scales, whose GEMMs run on the
+// dequantized weights), and cuda_sm90 serves the device and is neither denied nor overridden by a
+// forced backend.
 bool want_bf16_copies(const Context& ctx, const Problem& p, const WeightsArgs& w, Device d) {
-  if (p.recipe != Recipe::mxfp8 || !w.bf16_copies || d.type != DeviceType::cuda) return false;
+  const bool reads = p.recipe == Recipe::mxfp8 || (p.recipe == Recipe::fp8_blockwise && p.pow2_scales);
+  if (!reads || !w.bf16_copies || d.type != DeviceType::cuda) return false;
   const Options& o = ctx.options();
   const std::string sm90 = "cuda_sm90";
   if (!o.backend.empty() && o.backend != sm90) return false;
@@ -341,6 +345,8 @@ PreparedWeights prepare_run(Context& ctx, const Problem& p, const WeightsArgs& w
     const QuantSpec q = quant_spec(p, layout);
     pw->w1_row = make_expert_quant(o, d, q, E, 2 * F, H, BlockAxis::row);
     pw->w2_row = make_expert_quant(o, d, q, E, H, F, BlockAxis::row);
+    if (copies)
+      for (OwnedExpertMxfp8* c : {&pw->w1_row, &pw->w2_row}) c->add_bf16_copy(o, d);
     PlannedSteps(ctx, {prepare_step(quantize_w1(pw->w1_row.quantize_from(w.w1))),
                        prepare_step(quantize_w2(pw->w2_row.quantize_from(w.w2)))})
         .run();

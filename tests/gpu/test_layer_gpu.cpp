@@ -6,6 +6,7 @@
 // wgrad, main-grad accumulation.
 // Run: <build>/tests/mxmoe_gpu_tests --gtest_filter='*GpuLayer*'
 #include <iostream>
+#include <utility>
 #include <gtest/gtest.h>
 
 #include "tests/layer_support.h"
@@ -135,9 +136,13 @@ TEST_P(GpuLayer, DensePerExpertAndDeferredWgradAreBitIdentical) {
 // to the calls that quantize the weights themselves, with or without the bf16 copies of the
 // dequantized weights; those copies exist only where cuda_sm90 is the backend in use, and add 2 bytes
 // per weight value per orientation to bytes().
+// fp8_blockwise (power-of-two scales) keeps one copy per weight: its one quantized copy serves fprop
+// and dgrad.
 TEST_P(GpuLayer, PreparedWeightsWithAndWithoutBf16CopiesAreBitIdentical) {
-  for (GluLayout g : {GluLayout::halves, GluLayout::interleave32}) {
-    Problem p = problem(256, 192, 5, Recipe::mxfp8, Activation::clamped_swiglu, g, true);
+  for (auto [r, g] : {std::pair{Recipe::mxfp8, GluLayout::halves}, std::pair{Recipe::mxfp8, GluLayout::interleave32},
+                      std::pair{Recipe::fp8_blockwise, GluLayout::halves}}) {
+    Problem p = problem(256, 192, 5, r, Activation::clamped_swiglu, g, true);
+    p.pow2_scales = r == Recipe::fp8_blockwise;
     SCOPED_TRACE(describe(p));
     LayerData d = make_layer_data(p, {1, 64, 0, 100, 27}, 4.0f);
     Context gpu(prefer_backend(backend_name()));
@@ -156,7 +161,8 @@ TEST_P(GpuLayer, PreparedWeightsWithAndWithoutBf16CopiesAreBitIdentical) {
       cfg.prepared = &pw;
       expect_bit_identical(plain, run_layer(gpu, dev, d, cfg), p, "prepared vs per call");
     }
-    const int64_t copy_bytes = 2 * 2 * p.experts * 3 * p.ffn * p.hidden;
+    const int64_t orientations = r == Recipe::mxfp8 ? 2 : 1;
+    const int64_t copy_bytes = orientations * 2 * p.experts * 3 * p.ffn * p.hidden;
     EXPECT_EQ(sizes[0] - sizes[1], sm90_used ? copy_bytes : 0);
   }
 }

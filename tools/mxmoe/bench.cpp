@@ -5,7 +5,7 @@
 // every output written once). bench/peer_torch.py measures torch._grouped_mm on the same shapes
 // in the same session and prints ratios against the JSON this writes.
 //
-//   mxmoe bench [--preset NAME] [--recipe mxfp8|bf16] [--skew] [--dw-dtype bf16|f32] [--seed N] [--json FILE]
+//   mxmoe bench [--preset NAME] [--recipe mxfp8|bf16|fp8_blockwise --pow2-scales] [--skew] [--dw-dtype bf16|f32] [--seed N] [--json FILE]
 // The problem's sizes are the presets' (bench/peer_torch.py re-times the same shapes): the run
 // flags that change them (--hidden, --tokens, ...) are not bench flags and are rejected.
 #include <nlohmann/json.hpp>
@@ -97,8 +97,8 @@ TensorView dv(const DevBuf& b, DType t, std::initializer_list<int64_t> shape) {
   return TensorView::of(b.p, t, shape, Device{DeviceType::cuda, 0});
 }
 
-void bench_one(const Preset& pr, bool skew, Recipe recipe, DType dw_dtype, uint64_t seed, std::vector<Row>& rows,
-               std::vector<SplitRecord>& splits) {
+void bench_one(const Preset& pr, bool skew, Recipe recipe, bool pow2, DType dw_dtype, uint64_t seed,
+               std::vector<Row>& rows, std::vector<SplitRecord>& splits) {
   using namespace detail;
   Problem p;
   p.hidden = pr.hidden;
@@ -107,6 +107,7 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, DType dw_dtype, uint6
   p.activation = pr.activation;
   p.glu_layout = pr.glu_layout;
   p.recipe = recipe;
+  p.pow2_scales = recipe == Recipe::fp8_blockwise && pow2;
   const int64_t T = pr.tokens, H = p.hidden, F = p.ffn, E = p.experts;
   std::mt19937_64 g(seed);
   // Declared first so it is destroyed last: library buffers free themselves on this stream.
@@ -155,9 +156,10 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, DType dw_dtype, uint6
   ba.grads.dw2.dense = dv(dw2, dw_dtype, {E, H, F});
 
   auto add = [&](const char* op, double ms, double flops, double bytes) {
-    rows.push_back({pr.name, split_label, to_string(recipe), op, ms, flops, bytes});
+    const std::string rname = p.pow2_scales ? "fp8_blockwise_pow2" : to_string(recipe);
+    rows.push_back({pr.name, split_label, rname, op, ms, flops, bytes});
     std::fprintf(stderr, "  %-12s %-8s %-5s %-14s %9.3f ms %8.1f TFLOP/s %7.0f GB/s\n", pr.name, split_label,
-                 to_string(recipe), op, ms, flops / ms * 1e-9, bytes / ms * 1e-6);
+                 rname.c_str(), op, ms, flops / ms * 1e-9, bytes / ms * 1e-6);
   };
   const double tHF = double(T) * H * F;
   // Peak device memory of one run of `f`, as the peer counts it: the resident inputs, weights,
@@ -191,7 +193,7 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, DType dw_dtype, uint6
     SavedState s = forward(ctx, p, fa);
     backward(ctx, s, ba);
   });
-  if (recipe == Recipe::mxfp8) {
+  if (recipe != Recipe::bf16) {
     // Weights quantized once per version (prepare_weights, timed on its own) and reused, as across
     // micro-batches or with the PyTorch module's cache; the rows above quantize them in the call.
     WeightsArgs wa{fa.w1, fa.w2};
@@ -217,16 +219,15 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, DType dw_dtype, uint6
   // each on the backend the layer would choose for it, with the step's own FLOP/byte model.
   const Options& opt = ctx.options();
   const Device dev = fa.x.device;
-  const bool mx = recipe == Recipe::mxfp8;
+  const bool mx = recipe != Recipe::bf16;  // mxfp8 or fp8_blockwise
+  const QuantSpec qs = quant_spec(p, opt.scale_layout);
   auto time_step = [&](const LayerStep& st) {
     Backend& b = plan(ctx, st);
     add(st.label.c_str(), median_ms([&] { run(ctx, b, st); }, stream), st.cost.flops, st.cost.bytes);
   };
   auto prepare = [&](const LayerStep& st) { run(ctx, plan(ctx, st), st); };
-  auto act = [&](int64_t cols, BlockAxis axis) { return make_mxfp8(opt, dev, T, cols, axis, opt.scale_layout, E); };
-  auto weights = [&](int64_t r, int64_t c, BlockAxis axis) {
-    return make_expert_mxfp8(opt, dev, E, r, c, axis, opt.scale_layout);
-  };
+  auto act = [&](int64_t cols, BlockAxis axis) { return make_quant(opt, dev, qs, T, cols, axis, E); };
+  auto weights = [&](int64_t r, int64_t c, BlockAxis axis) { return make_expert_quant(opt, dev, qs, E, r, c, axis); };
   auto mx_op = [](const OwnedMxfp8& m) { return Operand{{}, m.view}; };
   auto bf16_op = [](const TensorView& t) { return Operand{t, {}}; };
 
@@ -245,15 +246,17 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, DType dw_dtype, uint6
     w1_row = weights(2 * F, H, BlockAxis::row), w2_row = weights(H, F, BlockAxis::row);
     w2_col = weights(H, F, BlockAxis::col), w1_col = weights(2 * F, H, BlockAxis::col);
     // As prepare_weights keeps them by default where cuda_sm90 serves: bf16 copies of the
-    // dequantized weights, which its GEMMs read instead of dequantizing per call.
+    // dequantized weights, which its GEMMs read instead of dequantizing per call (mxfp8;
+    // fp8_blockwise with power-of-two scales, whose dgrads run on them). fp8_blockwise's second
+    // pair of weight copies (w*_col) holds the same 128x128 blocks: the dgrads read them.
     bool sm90 = opt.backend.empty() || opt.backend == "cuda_sm90";
     for (const std::string& n : opt.deny) sm90 = sm90 && n != "cuda_sm90";
     bool sm90_here = false;
     for (const BackendInfo& b : ctx.backends(dev)) sm90_here = sm90_here || (b.name == "cuda_sm90" && b.available);
-    if (sm90 && sm90_here)
+    if (sm90 && sm90_here && (recipe == Recipe::mxfp8 || p.pow2_scales))
       for (OwnedExpertMxfp8* w : {&w1_row, &w2_row, &w2_col, &w1_col}) w->add_bf16_copy(opt, dev);
-    time_step(quantize_x({fa.x, fa.offsets, x_row.view, x_col.view}));
-    prepare(quantize_dy({ba.dy, fa.offsets, dy_row.view, dy_col.view}));
+    time_step(quantize_x({fa.x, fa.offsets, x_row.view, x_col.view, qs.pow2_scales}));
+    prepare(quantize_dy({ba.dy, fa.offsets, dy_row.view, dy_col.view, qs.pow2_scales}));
     for (const OwnedExpertMxfp8* q : {&w1_row, &w1_col}) prepare(quantize_w1(q->quantize_from(fa.w1)));
     for (const OwnedExpertMxfp8* q : {&w2_row, &w2_col}) prepare(quantize_w2(q->quantize_from(fa.w2)));
     x_in = mx_op(x_row), x_w = mx_op(x_col), dy_in = mx_op(dy_row), dy_w = mx_op(dy_col);
@@ -283,6 +286,9 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, DType dw_dtype, uint6
 }  // namespace
 
 int command_bench(const CliOptions& o) {
+  if (o.recipe == Recipe::fp8_blockwise && !o.pow2_scales)
+    throw UsageError("--recipe fp8_blockwise: the GPU's backward GEMMs take power-of-two scales only so far; add --pow2-scales");
+  if (o.pow2_scales && o.recipe != Recipe::fp8_blockwise) throw UsageError("--pow2-scales is for --recipe fp8_blockwise");
   if (cuda_device_count() == 0) {
     std::fprintf(stderr, "mxmoe bench: no CUDA GPU on this machine (the benchmark times GPU kernels)\n");
     return kExitError;
@@ -305,7 +311,7 @@ int command_bench(const CliOptions& o) {
                cuda_device_description(0).c_str(), kIters, kWarmup, dtype_name(dw_dtype));
   for (const Preset* p : list)
     for (bool skew : o.skew ? std::vector<bool>{true} : std::vector<bool>{false, true})
-      for (Recipe r : recipes) bench_one(*p, skew, r, dw_dtype, o.seed, rows, splits);
+      for (Recipe r : recipes) bench_one(*p, skew, r, o.pow2_scales, dw_dtype, o.seed, rows, splits);
 
   std::printf("| preset | split | recipe | op | ms | TFLOP/s | GB/s |\n|---|---|---|---|---|---|---|\n");
   for (const Row& r : rows)

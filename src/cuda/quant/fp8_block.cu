@@ -230,6 +230,11 @@ void quantize_experts_fp8_block(const detail::QuantizeExpertsStep& s, void* stre
       expert_ptrs(s.src, s.rows * s.cols, sizeof(uint16_t)), s.rows, s.cols, s.pow2_scales, s.data.ptr<uint8_t>(),
       s.scales.ptr<float>());
   MXMOE_CUDA_CHECK_LAUNCH();
+  if (s.dequantized.data != nullptr) {  // the bf16 copy the sm90 GEMMs read (prepare_weights)
+    weights_to_bf16_kernel<<<grid_1d(s.experts * s.rows * s.cols), kThreads, 0, stream>>>(
+        s.data.ptr<uint8_t>(), s.scales.ptr<float>(), s.experts, s.rows, s.cols, s.dequantized.ptr<uint16_t>());
+    MXMOE_CUDA_CHECK_LAUNCH();
+  }
 }
 
 void gemm_m_fp8_block(const detail::MGemmStep& s, void* stream_ptr, void (*bf16_gemm)(const detail::MGemmStep&, void*)) {
@@ -244,17 +249,22 @@ void gemm_m_fp8_block(const detail::MGemmStep& s, void* stream_ptr, void (*bf16_
   const bool fp8_out = glu && (s.out_row.data.data != nullptr || s.out_col.data.data != nullptr);
   const bool stage = fp8_out && s.out_bf16.data == nullptr;
   const int64_t out_cols = s.epilogue == detail::Epilogue::glu_forward ? s.ffn : 2 * s.ffn;
-  Workspace ws(Workspace::aligned(T * K * 2) + Workspace::aligned(E * br * bc * 2) +
+  // prepare_weights' bf16 copy of the dequantized weights, where it made one.
+  const TensorView& copy = g.b.dequantized.dense;
+  const bool have_copy = copy.data != nullptr && !g.b.dequantized.per_expert();
+  if (have_copy && (copy.dtype != DType::bf16 || copy.rank != 3 || copy.shape != bd.shape))
+    throw Error("b.dequantized", "must be a dense bf16 tensor of B's shape [E, rows, cols]");
+  Workspace ws(Workspace::aligned(T * K * 2) + (have_copy ? 0 : Workspace::aligned(E * br * bc * 2)) +
                    (stage ? Workspace::aligned(T * out_cols * 2) : 0),
                stream);
   uint16_t* a16 = ws.take<uint16_t>(T * K);
-  uint16_t* b16 = ws.take<uint16_t>(E * br * bc);
+  uint16_t* b16 = have_copy ? static_cast<uint16_t*>(copy.data) : ws.take<uint16_t>(E * br * bc);
   if (T * K > 0) {
     rows_to_bf16_kernel<<<grid_1d(T * K), kThreads, 0, stream>>>(g.a.mx.data.ptr<uint8_t>(), g.a.mx.scales.ptr<float>(),
                                                                   T, K, a16);
     MXMOE_CUDA_CHECK_LAUNCH();
   }
-  if (E * br * bc > 0) {
+  if (E * br * bc > 0 && !have_copy) {
     weights_to_bf16_kernel<<<grid_1d(E * br * bc), kThreads, 0, stream>>>(bd.ptr<uint8_t>(), g.b.scales.dense.ptr<float>(),
                                                                           E, br, bc, b16);
     MXMOE_CUDA_CHECK_LAUNCH();

@@ -303,7 +303,9 @@ struct GluPassCols {
 template <int BN, Activation kAct, bool kBias>
 __device__ __forceinline__ void epilogue_glu_forward_impl(const KernelParams& p, const Tile& t, int cw, int ctid,
                                                           const float (&acc)[BN / 2], Stage st) {
-  static_assert(BN == 256, "A's pass: BN/2 = 128 features = 256 bytes of bf16");
+  // A's pass: BN/2 features, 256 bytes of bf16 (BN 256) or the first 128 of them (BN 128, the FP8
+  // blockwise kernels).
+  static_assert(BN == 256 || BN == 128, "A's pass: BN/2 <= 128 features = 256 bytes of bf16");
   const Frag fr{(ctid % 128) / 32, ctid % 32};
   const int64_t F = p.ffn, C = 2 * F;
   const int64_t f0 = static_cast<int64_t>(t.n_tile) * (BN / 2);
@@ -351,8 +353,8 @@ __device__ __forceinline__ void epilogue_glu_forward_impl(const KernelParams& p,
       stage_pair(st, fr, h, j,
                  pack_bf16x2(prob[h] * glu_forward<kAct>(pre(j, h, 0, false), pre(j, h, 0, true), p.glu),
                              prob[h] * glu_forward<kAct>(pre(j, h, 1, false), pre(j, h, 1, true), p.glu)));
-  copy_out(st, {reinterpret_cast<char*>(p.out_bf16 + row_first * F + f0), F * 2, rows, stage_bytes(f0, F, 2)},
-           ctid % 128, cw);
+  const int a_bytes = stage_bytes(f0, F, 2) < BN ? stage_bytes(f0, F, 2) : BN;  // BN/2 features of 2 bytes
+  copy_out(st, {reinterpret_cast<char*>(p.out_bf16 + row_first * F + f0), F * 2, rows, a_bytes}, ctid % 128, cw);
 }
 
 template <int BN>

@@ -21,7 +21,10 @@ const TensorView& view(const Operand& o) { return o.is_mxfp8() ? o.mx.data : o.b
 }  // namespace
 
 std::string gemm_k_refusal(const KGroupedGemmArgs& a) {
+  if (a.a.is_fp8_block() != a.b.is_fp8_block()) return "one fp8_block operand and one of another format";
   if (a.a.is_mxfp8() != a.b.is_mxfp8()) return "one MXFP8 operand and one BF16 operand";
+  if (a.a.is_fp8_block() && (a.a.mx.axis != BlockAxis::col || a.b.mx.axis != BlockAxis::col))
+    return "fp8_block wgrad operands must be in token blocks (blocks along the tokens)";
   if (a.a.is_mxfp8() && (a.a.mx.axis != BlockAxis::col || a.b.mx.axis != BlockAxis::col))
     return "MXFP8 wgrad operands must be column-wise (blocks along the tokens)";
   const int64_t m = view(a.a).shape[1], n = view(a.b).shape[1];
@@ -83,6 +86,8 @@ void gemm_k(const KGroupedGemmArgs& a, void* stream_ptr) {
   const cudaStream_t stream = as_stream(stream_ptr);
   const std::string why = gemm_k_refusal(a);
   if (!why.empty()) throw Error("cuda_sm90", why);
+  // FP8 blockwise (power-of-two scales): the BF16 kernel on the dequantized token blocks.
+  if (a.a.is_fp8_block()) return gemm_k_fp8_block(a, stream_ptr, &sm90::gemm_k);
   if (!a.a.is_mxfp8()) return run_gemm_k(a, stream);
   const TensorView &av = a.a.mx.data, &bv = a.b.mx.data;
   const int64_t rows = av.shape[0], m = av.shape[1], n = bv.shape[1];

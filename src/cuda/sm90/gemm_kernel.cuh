@@ -59,20 +59,32 @@ inline constexpr int kEwEpiBytes = kBlockM * BN * 4 + kEwWarps * 2 * BN * 4;
 //           have written, 128-byte swizzle) in one of kBBufs buffers, which the wgmma reads. The
 //           weights then cross HBM as FP8, but the conversion (about 30 values per clock per SM on
 //           the H200, bench/cvt_bench.cu) costs more issue slots than the wgmmas leave free.
-enum class Mx : uint8_t { none, a, ab };
+//   Mx::blk FP8 blockwise (recipe fp8_blockwise): A e4m3 [T, K] with f32 scales per 1x128 block, B
+//           e4m3 [N, K] with f32 scales per 128x128 block, both K-major with 128-byte swizzle (a
+//           stage is 128 values of K, the bytes of a BF16 stage). FP8 wgmma (QGMMA, m64n128k32)
+//           accumulates each k-block from zero into a second register tile, which is promoted
+//           into the fp32 accumulators as acc = fma(partial, s_a(row) s_b(column half), acc),
+//           docs/numerics.md's block rule (the wgmma's own partial sums in their order). BN 128:
+//           the two register tiles take 128 of a consumer's 224 registers. store and glu_forward.
+enum class Mx : uint8_t { none, a, ab, blk };
 template <int BN_, Major AMajor_, Major BMajor_, Grouping G_, Epi E_, int Cluster_ = 1, Mx Mx_ = Mx::none>
 struct KernelConfig {
   static constexpr int kBlockN = BN_;
   static constexpr Major kAMajor = AMajor_, kBMajor = BMajor_;
   static constexpr Grouping kGrouping = G_;
   static constexpr Epi kEpi = E_;
-  static constexpr bool kMx = Mx_ != Mx::none;  // FP8 A
-  static constexpr bool kMxB = Mx_ == Mx::ab;    // FP8 B, converted in shared memory
+  static constexpr bool kMx = Mx_ == Mx::a || Mx_ == Mx::ab;  // MXFP8 A (registers)
+  static constexpr bool kMxB = Mx_ == Mx::ab;                  // MXFP8 B, converted in shared memory
+  static constexpr bool kBlk = Mx_ == Mx::blk;                 // FP8 blockwise: FP8 wgmma, promotion
+  static_assert(!kBlk || (G_ == Grouping::m && AMajor_ == Major::k && BMajor_ == Major::k && BN_ == 128 &&
+                          (E_ == Epi::store || E_ == Epi::glu_forward)),
+                "FP8 blockwise: m-grouped, K-major A and B, BN 128, store or glu_forward");
   static_assert(!kMx || (G_ == Grouping::m && AMajor_ == Major::k), "MXFP8: m-grouped, K-major tokens");
   static_assert(!kMxB || E_ == Epi::store, "FP8 B: the store epilogue");
-  static constexpr int kElemA = kMx ? 1 : 2, kElemB = kMxB ? 1 : 2;  // bytes per operand value in the ring
-  static constexpr int kStageA = kBlockM * kBlockK * kElemA;  // (128, 64) K-major or 2 x (64 k, 64 m)
-  static constexpr int kStageB = kBlockN * kBlockK * kElemB;  // (BN, 64) K-major or BN/64 x (64 k, 64 n)
+  static constexpr int kElemA = kMx || kBlk ? 1 : 2, kElemB = kMxB || kBlk ? 1 : 2;  // bytes per value in the ring
+  static constexpr int kKBlock = kBlk ? 128 : kBlockK;  // values of K per stage (k-block)
+  static constexpr int kStageA = kBlockM * kKBlock * kElemA;  // (128, 64) K-major or 2 x (64 k, 64 m)
+  static constexpr int kStageB = kBlockN * kKBlock * kElemB;  // (BN, 64) K-major or BN/64 x (64 k, 64 n)
   static constexpr int kStageBytes = kStageA + kStageB;
   static constexpr int kBBufs = kMxB ? 3 : 0;                  // BF16 B tiles (converted -> wgmma)
   static constexpr int kBBufBytes = kBlockN * kBlockK * 2;
@@ -214,7 +226,7 @@ __device__ __forceinline__ void load_b_half(const KernelParams& p, const Tile& t
       else tma_load_2d(mb0, bar, sb + i * kBoxBytes, n0 + 64 * i, k);
     }
   } else {
-    uint8_t* dst = sb + h * (BN / 2) * 64 * Cfg::kElemB;
+    uint8_t* dst = sb + h * (BN / 2) * Cfg::kKBlock * Cfg::kElemB;
     switch (p.b_load) {
       case BLoad::mn_halves: {  // MXFP8 [K, N]: [64 k][BN/2 n] bytes per half
         const int32_t n = t.n_tile * BN + h * (BN / 2);
@@ -266,7 +278,7 @@ __device__ __forceinline__ void load_stage(const KernelParams& p, const Tile& t,
 #pragma unroll
     for (int i = 0; i < kBlockM / 64; ++i) tma_load_2d(ma, bar, sa + i * kBoxBytes, m0 + 64 * i, k);
   } else {
-    k = kb * kBlockK;
+    k = kb * Cfg::kKBlock;
     tma_load_2d(ma, bar, sa, k, static_cast<int32_t>(t.row0));
   }
   if (t.multicast) {
@@ -332,6 +344,47 @@ __device__ __forceinline__ void mma_stage(const uint8_t* sa, const uint8_t* sb, 
       db = smem_desc_sw128(sb + kk * 16 * 128, kBoxBytes, 1024);
     gmma_call<Atom>(da, db, acc, std::make_index_sequence<Cfg::kBlockN / 2>{});
   }
+}
+
+// ---- FP8 blockwise: FP8 wgmma over a stage, then promotion ----
+// The k-block's partial sums into `part` (the first wgmma overwrites it: scale-d 0). A and B are
+// [rows][128] bytes with 128-byte swizzle; a k32 step advances 32 bytes, as a bf16 k16 step does.
+template <class Atom, int R, size_t... I>
+__device__ __forceinline__ void gmma_call_scaled(uint64_t da, uint64_t db, float (&acc)[R], bool zero,
+                                                 std::index_sequence<I...>) {
+  Atom::fma(da, db, acc[I]..., zero ? cute::SM90::GMMA::ScaleOut::Zero : cute::SM90::GMMA::ScaleOut::One);
+}
+template <class Cfg>
+__device__ __forceinline__ void mma_stage_blk(const uint8_t* sa, const uint8_t* sb, int cw, float (&part)[Cfg::kBlockN / 2]) {
+  using Atom = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>;
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kKBlock / 32; ++kk) {
+    const uint64_t da = smem_desc_sw128(sa + cw * 64 * 128 + kk * 32, 16, 1024);
+    const uint64_t db = smem_desc_sw128(sb + kk * 32, 16, 1024);
+    gmma_call_scaled<Atom>(da, db, part, kk == 0, std::make_index_sequence<Cfg::kBlockN / 2>{});
+  }
+}
+// The scales of one k-block for the thread: rows r, r + 8 of A (clamped into the tensor: rows past
+// T are TMA zeros, never stored) and B's 128-row blocks of the tile's column halves.
+struct BlkScales {
+  float a[2], b[2];
+};
+__device__ __forceinline__ int32_t blk_b_block(const KernelParams& p, const Tile& t, int half) {
+  if (p.b_load == BLoad::glu_halves) return static_cast<int32_t>((half * p.ffn + static_cast<int64_t>(t.n_tile) * 64) / 128);
+  return t.n_tile;  // k_rows: rows n_tile*128..; glu_interleave32: W1 rows 2 f0 .. 2 f0 + 127, f0 = 64 n_tile
+}
+__device__ __forceinline__ BlkScales blk_scales(const KernelParams& p, const Tile& t, int cw, int wtid, int kb) {
+  BlkScales s;
+  const int r = 64 * cw + 16 * (wtid / 32) + (wtid % 32) / 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    int64_t row = t.row0 + r + 8 * h;
+    if (row >= p.rows) row = p.rows - 1;
+    s.a[h] = __ldg(p.a_sinv + static_cast<int64_t>(kb) * p.a_sinv_pitch + row);
+    const int64_t blk = static_cast<int64_t>(t.b_expert) * p.b_nbs + blk_b_block(p, t, h);
+    s.b[h] = __ldg(p.b_sinv + blk * p.b_kbs + kb);
+  }
+  return s;
 }
 
 // ---- FP8 A: dequantize in registers, register-A wgmma ----
@@ -713,7 +766,44 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       int prev = -1;
       bool prev_zeroed = false, zeroed = false;
-      if constexpr (Cfg::kMx && !Cfg::kMxB) {
+      if constexpr (Cfg::kBlk) {
+        // Per k-block: wait for the stage, the 4 FP8 wgmmas into `part`, the next k-block's scales
+        // loaded (global, L2) while they run, wait, release the stage, promote.
+        const int wtid = ctid % 128;
+        float part[BN / 2];
+        if (t.live) {
+          BlkScales sc = blk_scales(p, t, cw, wtid, 0);
+          for (int kb = 0; kb < t.k_blocks; ++kb) {
+            mbar_wait(&full[stage], phase);
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) fence_operand(part[i]);
+            wgmma_fence();
+            mma_stage_blk<Cfg>(stage_a(stage), stage_b(stage), cw, part);
+            wgmma_commit();
+            const BlkScales next = kb + 1 < t.k_blocks ? blk_scales(p, t, cw, wtid, kb + 1) : sc;
+            wgmma_wait<0>();
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) fence_operand(part[i]);
+            release(stage, false);
+            float s[2][2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+              for (int c = 0; c < 2; ++c) s[h][c] = sc.a[h] * sc.b[c];
+            // acc[4j + 2h + i]: row half h, column 8j + ..: columns < BN/2 (j < BN/16) are half 0.
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) acc[i] = fmaf(part[i], s[(i / 2) % 2][i / 4 < BN / 16 ? 0 : 1], acc[i]);
+            sc = next;
+            if (++stage == kStages) stage = 0, phase ^= 1;
+          }
+        } else {
+          for (int kb = 0; kb < t.k_blocks; ++kb) {
+            mbar_wait(&full[stage], phase);
+            release(stage, false);
+            if (++stage == kStages) stage = 0, phase ^= 1;
+          }
+        }
+      } else if constexpr (Cfg::kMx && !Cfg::kMxB) {
         // FP8 A, BF16 B in the stage. Per k16 step kk: issue the wgmma of kk (A fragment a[kk] in
         // registers, B from the stage), then dequantize the fragment of kk + 1, wgmma_wait<2>: the
         // fragment written next (four steps back) has been read. A k-block's first fragment is

@@ -14,6 +14,7 @@
 #include "src/cuda/cuda_ops.h"
 #include "src/cuda/sm90/gemm_m_plan.h"
 #include "src/cuda/sm90/launch.cuh"
+#include "src/common/fp8_block.h"
 #include "src/cuda/sm90/tensor_map.h"
 
 namespace mxmoe::cuda::sm90 {
@@ -51,8 +52,32 @@ int sm_count() {
   });
 }
 
+// FP8 blockwise (pow2 scales; the probe refuses fp32 ones): the step runs as the BF16 step on
+// dequantized operands (src/cuda/quant/fp8_block.cu), in stream-ordered workspace that is 16-byte
+// aligned, so only the shapes and the epilogue's orientation decide.
+std::string fp8_block_refusal(const detail::MGemmStep& s) {
+  const MGroupedGemmArgs& g = s.gemm;
+  if (!g.b.is_fp8_block()) return "an fp8_block A needs fp8_block weights";
+  if (g.b.data.per_expert() || g.b.scales.per_expert()) return "per-expert fp8_block weight pointers";
+  const int64_t k = g.a.mx.data.shape[1], n = detail::gemm_width(s);
+  if (k % 8 != 0) return "K = " + std::to_string(k) + " is not a multiple of 8 (TMA rows must be 16-byte aligned)";
+  if (n % 8 != 0) return "N = " + std::to_string(n) + " is not a multiple of 8 (TMA rows must be 16-byte aligned)";
+  const bool mx_out = s.out_row.data.data != nullptr || s.out_col.data.data != nullptr;
+  if (mx_out && s.epilogue == detail::Epilogue::store) return "quantized outputs of the store epilogue";
+  if (s.epilogue == detail::Epilogue::glu_forward && g.b_kn)
+    return "glu_forward with B_e as [K, N]: the sm90 kernel reads W1 as [2F, K] (the layer's layout)";
+  if (s.epilogue == detail::Epilogue::glu_backward && !g.b_kn)
+    return "glu_backward with B_e as [N, K]: the sm90 kernel reads W2 as [K, N] (the layer's layout)";
+  if (s.epilogue == detail::Epilogue::glu_forward && s.out_bf16.data == nullptr && !mx_out)
+    return "glu_forward without an output";
+  if (s.epilogue == detail::Epilogue::store && g.d.data == nullptr) return "store epilogue without an output";
+  return {};
+}
+
 std::string gemm_m_refusal(const detail::MGemmStep& s) {
   const MGroupedGemmArgs& g = s.gemm;
+  if (g.a.is_fp8_block()) return fp8_block_refusal(s);
+  if (g.b.is_fp8_block()) return "fp8_block weights with a BF16 A";
   if (g.a.is_mxfp8() != g.b.is_mxfp8()) return "one MXFP8 operand and one BF16 operand";
   if (g.a.is_mxfp8()) {
     if (g.a.mx.axis != BlockAxis::row) return "MXFP8 A must be row-wise (blocks along K)";
@@ -132,12 +157,13 @@ MPlan plan_gemm_m(const detail::MGemmStep& s, int bn, Workspace& ws, cudaStream_
   const bool glu_fwd = s.epilogue == detail::Epilogue::glu_forward;
   const bool glu_bwd = s.epilogue == detail::Epilogue::glu_backward;
 
+  const bool blk = g.a.is_fp8_block();  // FP8 wgmma, 128 values of K per stage (gemm_m_blk.cu)
   MPlan plan;
   KernelParams& p = plan.params;
   p.experts = static_cast<int32_t>(experts);
   p.rows = rows;
   p.n = n;
-  p.k_blocks = static_cast<int32_t>((k + kBlockK - 1) / kBlockK);
+  p.k_blocks = static_cast<int32_t>(blk ? (k + kFp8Block - 1) / kFp8Block : (k + kBlockK - 1) / kBlockK);
   p.ffn = s.ffn;
   p.glu = s.glu;
   p.glu_layout = s.glu_layout;
@@ -163,6 +189,40 @@ MPlan plan_gemm_m(const detail::MGemmStep& s, int bn, Workspace& ws, cudaStream_
 
   const uint64_t K = static_cast<uint64_t>(k), E = static_cast<uint64_t>(experts);
   const void* w = g.b.data.dense.data;
+  if (blk) {
+    // A: [128 rows][128 bytes] boxes, 128-byte swizzle; B: two [BN/2][128]-byte halves (the a and b
+    // rows of W1 for glu_forward, as the BF16 maps load them), f32 scales read by the consumers.
+    const uint32_t half = static_cast<uint32_t>(bn / 2);
+    const TensorView& bd = g.b.data.dense;
+    plan.a = make_tensor_map_u8_sw128("gemm.a", av.data, {K, static_cast<uint64_t>(rows)}, {K}, {kFp8Block, kBlockM});
+    p.a_sinv = static_cast<const float*>(g.a.mx.scales.data);
+    p.a_sinv_pitch = fp8_rowwise_pitch(rows);
+    p.b_sinv = static_cast<const float*>(g.b.scales.dense.data);
+    p.b_nbs = static_cast<int32_t>(ceil_div(bd.shape[1], kFp8Block));
+    p.b_kbs = static_cast<int32_t>(ceil_div(bd.shape[2], kFp8Block));
+    plan.launch_tiles = static_cast<int64_t>(m_tiles_bound(rows, experts, kBlockM)) * p.n_tiles;
+    const char* lin = static_cast<const char*>(w);
+    if (glu_fwd && s.glu_layout == GluLayout::halves) {
+      const uint64_t F = static_cast<uint64_t>(s.ffn);
+      p.b_load = BLoad::glu_halves;
+      plan.b0 = make_tensor_map_u8_sw128("gemm.b", w, {K, F, E}, {K, 2 * F * K}, {kFp8Block, half, 1});
+      plan.b1 = make_tensor_map_u8_sw128("gemm.b", lin + F * K, {K, F, E}, {K, 2 * F * K}, {kFp8Block, half, 1});
+    } else if (glu_fwd) {
+      const uint64_t F = static_cast<uint64_t>(s.ffn), I = kGluInterleave;
+      p.b_load = BLoad::glu_interleave32;
+      const uint32_t chunks = half / kGluInterleave;
+      plan.b0 = make_tensor_map_u8_sw128("gemm.b", w, {K, I, F / I, E}, {K, 2 * I * K, 2 * F * K},
+                                         {kFp8Block, static_cast<uint32_t>(I), chunks, 1});
+      plan.b1 = make_tensor_map_u8_sw128("gemm.b", lin + I * K, {K, I, F / I, E}, {K, 2 * I * K, 2 * F * K},
+                                         {kFp8Block, static_cast<uint32_t>(I), chunks, 1});
+    } else {
+      const uint64_t N = static_cast<uint64_t>(n);
+      p.b_load = BLoad::k_rows;
+      plan.b0 = make_tensor_map_u8_sw128("gemm.b", w, {K, N, E}, {K, N * K}, {kFp8Block, half, 1});
+      plan.b1 = plan.b0;
+    }
+    return plan;
+  }
   if (g.a.is_mxfp8()) {
     plan.a = make_tensor_map_u8("gemm.a", av.data, {K, static_cast<uint64_t>(rows)}, {K}, {kBlockK, kBlockM}, true);
     p.a_scales = static_cast<const uint8_t*>(g.a.mx.scales.data);
@@ -314,6 +374,52 @@ void run_gemm_m(const detail::MGemmStep& s, cudaStream_t stream) {
 }
 }  // namespace
 
+bool fp8_block_kernel_takes(const detail::MGemmStep& s) {
+  static const bool off = env_is("MXMOE_SM90_FP8_BLOCK", "dequant");
+  const MGroupedGemmArgs& g = s.gemm;
+  if (off || !g.a.is_fp8_block() || !fp8_block_refusal(s).empty() || g.b_kn) return false;
+  if (s.epilogue != detail::Epilogue::store && s.epilogue != detail::Epilogue::glu_forward) return false;
+  const int64_t k = g.a.mx.data.shape[1];
+  if (k % 16 != 0) return false;  // e4m3 rows: 16-byte TMA strides
+  if (!tma_aligned(g.a.mx.data.data) || !tma_aligned(g.b.data.dense.data)) return false;
+  // glu_halves: a tile's b rows (F + 64 n ..) lie in one 128-row scale block only when 64 | F.
+  if (s.epilogue == detail::Epilogue::glu_forward && s.glu_layout == GluLayout::halves && s.ffn % 64 != 0) return false;
+  return true;
+}
+
+namespace {
+// An fp8_blockwise step on the FP8-wgmma kernel; an FP8 output of glu_forward (A row-wise and in
+// token blocks) is written in bf16 (the step's, or a transient one) and quantized from there
+// (docs/numerics.md "Quantized value").
+void run_gemm_m_blk(const detail::MGemmStep& s0, cudaStream_t stream) {
+  const bool fp8_out = s0.out_row.data.data != nullptr || s0.out_col.data.data != nullptr;
+  const bool stage = fp8_out && s0.out_bf16.data == nullptr;
+  const int64_t rows = a_rows(s0);
+  Workspace tmp(stage ? Workspace::aligned(rows * s0.ffn * 2) : 0, stream);
+  detail::MGemmStep s = s0;
+  if (fp8_out) {
+    if (stage) s.out_bf16 = TensorView::of(tmp.take<uint16_t>(rows * s0.ffn), DType::bf16, {rows, s0.ffn}, a_view(s0).device);
+    s.out_row = Mxfp8View{};
+    s.out_col = Mxfp8View{};
+  }
+  if (s.gemm.offsets.experts() > 0) {
+    Workspace ws(gemm_m_workspace_bytes(s, kBlkN), stream);
+    const MPlan plan = plan_gemm_m(s, kBlkN, ws, stream);
+    launch_gemm_m_blk(s, plan, stream);
+    finish_gemm_m(s, plan, stream);
+  }
+  if (fp8_out) {
+    QuantizeArgs q;
+    q.src = s.out_bf16;
+    q.groups = s0.gemm.offsets;
+    q.rowwise = s0.out_row;
+    q.colwise = s0.out_col;
+    q.pow2_scales = s0.pow2_scales;
+    quantize_fp8_block(q, stream);
+  }
+}
+}  // namespace
+
 bool fp8_b_in_kernel() {
   static const bool v = env_is("MXMOE_SM90_FP8_B", "convert");
   return v;
@@ -329,6 +435,12 @@ void gemm_m(const detail::MGemmStep& s0, void* stream_ptr) {
   const cudaStream_t stream = as_stream(stream_ptr);
   const std::string why = gemm_m_refusal(s0);
   if (!why.empty()) throw Error("cuda_sm90", why);
+  // FP8 blockwise: the FP8-wgmma kernels where they take the step, else (power-of-two scales: the
+  // probe refuses f32 ones) these BF16 kernels on the dequantized operands.
+  if (s0.gemm.a.is_fp8_block()) {
+    if (fp8_block_kernel_takes(s0)) return run_gemm_m_blk(s0, stream);
+    return gemm_m_fp8_block(s0, stream_ptr, &sm90::gemm_m);
+  }
   const MGroupedGemmArgs& g = s0.gemm;
   const int64_t experts = g.offsets.experts();
   if (experts <= 0) return;

@@ -32,6 +32,11 @@ void launch_gemm_m_mx(const detail::MGemmStep& s, const MPlan& plan, int bn, cud
 // MXMOE_SM90_FP8_B=convert: MXFP8 B of the store epilogue stays FP8 (gemm_kernel.cuh Mx::ab).
 bool fp8_b_in_kernel();
 
+// gemm_m_blk.cu: the FP8-wgmma kernel of a planned fp8_blockwise step (plan_gemm_m with kBlkN):
+// store or glu_forward, B_e [N, K].
+inline constexpr int kBlkN = 128;
+void launch_gemm_m_blk(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t stream);
+
 // The k-grouped (wgrad) GEMM, likewise: tile width `bn` along N, 128 along M.
 struct KPlan {
   KernelParams params;

@@ -60,6 +60,15 @@ struct KernelParams {
   bool b_scale_swizzled = false;
   bool a_scale_swizzled = false;
 
+  // FP8 blockwise (Mx::blk kernels): A's f32 inverse scales MN-major [ceil(K/128)][a_sinv_pitch]
+  // (row r, k-block kb at kb * a_sinv_pitch + r); B's [E][b_nbs][b_kbs] (128x128 blocks of B_e
+  // [N, K]); the 128-row blocks of B_e holding the tile's two column halves (glu_halves: the a and b
+  // rows of W1 are F rows apart) come from b_load and ffn.
+  const float* a_sinv = nullptr;
+  int64_t a_sinv_pitch = 0;
+  const float* b_sinv = nullptr;
+  int32_t b_nbs = 0, b_kbs = 0;
+
   // store / wgrad
   void* d = nullptr;      // m-grouped store: [T, n] (bf16 or f32)
   ExpertPtrs d_experts;   // wgrad: D_e [m, n]

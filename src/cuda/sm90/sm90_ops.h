@@ -12,6 +12,11 @@ namespace mxmoe::cuda::sm90 {
 std::string gemm_m_refusal(const detail::MGemmStep& s);
 std::string gemm_k_refusal(const KGroupedGemmArgs& a);
 
+// Whether an fp8_blockwise step runs on the FP8-wgmma kernels (any f32 scales: FC1 and FC2
+// forward, B_e [N, K]); other fp8_blockwise steps need power-of-two scales (BF16 kernels on the
+// dequantized operands). MXMOE_SM90_FP8_BLOCK=dequant turns the FP8 kernels off (comparison runs).
+bool fp8_block_kernel_takes(const detail::MGemmStep& s);
+
 void gemm_m(const detail::MGemmStep& s, void* stream);
 void gemm_k(const KGroupedGemmArgs& a, void* stream);
 

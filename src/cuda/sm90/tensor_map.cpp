@@ -76,4 +76,9 @@ CUtensorMap make_tensor_map_u8(const char* what, const void* base, std::initiali
                          swizzle64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_NONE, base, dims, strides_bytes, box);
 }
 
+CUtensorMap make_tensor_map_u8_sw128(const char* what, const void* base, std::initializer_list<uint64_t> dims,
+                                     std::initializer_list<uint64_t> strides_bytes, std::initializer_list<uint32_t> box) {
+  return make_tensor_map(what, CU_TENSOR_MAP_DATA_TYPE_UINT8, CU_TENSOR_MAP_SWIZZLE_128B, base, dims, strides_bytes, box);
+}
+
 }  // namespace mxmoe::cuda::sm90

@@ -21,4 +21,9 @@ CUtensorMap make_tensor_map_u8(const char* what, const void* base, std::initiali
                                std::initializer_list<uint64_t> strides_bytes, std::initializer_list<uint32_t> box,
                                bool swizzle64);
 
+// Bytes (e4m3 data), 128-byte swizzle (box[0] = 128: one 128-byte row per box row, the FP8 wgmma
+// K-major layout the FP8 blockwise kernels read).
+CUtensorMap make_tensor_map_u8_sw128(const char* what, const void* base, std::initializer_list<uint64_t> dims,
+                                     std::initializer_list<uint64_t> strides_bytes, std::initializer_list<uint32_t> box);
+
 }  // namespace mxmoe::cuda::sm90

@@ -1,0 +1,27 @@
+// The sm90 m-grouped GEMMs of the recipe fp8_blockwise on FP8 wgmma (gemm_kernel.cuh Mx::blk): A
+// e4m3 tokens with 1x128 f32 scales, B e4m3 weights [E, N, K] with 128x128 f32 scales, promotion per
+// 128 values of K. Their kernel configurations, in a translation unit of their own (compiled in
+// parallel with the BF16 and MXFP8 kernels).
+#include <cuda_runtime.h>
+
+#include "src/cuda/common/check.h"
+#include "src/cuda/sm90/gemm_m_plan.h"
+#include "src/cuda/sm90/launch.cuh"
+
+namespace mxmoe::cuda::sm90 {
+namespace {
+
+constexpr int kPair = 2;  // CTA pairs along M sharing (multicasting) the B tile, as the BF16 kernels
+using BlkStore = KernelConfig<kBlkN, Major::k, Major::k, Grouping::m, Epi::store, kPair, Mx::blk>;
+using BlkGluFwd = KernelConfig<kBlkN, Major::k, Major::k, Grouping::m, Epi::glu_forward, kPair, Mx::blk>;
+
+}  // namespace
+
+void launch_gemm_m_blk(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t stream) {
+  if (s.epilogue == detail::Epilogue::glu_forward)
+    launch<BlkGluFwd>(plan.params, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+  else
+    launch<BlkStore>(plan.params, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+}
+
+}  // namespace mxmoe::cuda::sm90

@@ -170,8 +170,11 @@ TEST_P(GpuGemmM, StoreHandlesAllEmptySingleExpertAndSkewedSplits) {
 #if defined(MXMOE_WITH_CUDA)
 // FP8 blockwise (fp32 or power-of-two scales): the store epilogue against the CPU block rule
 // (cpu::fp8_gemm_fprop). cuda_sm90 runs it on FP8 wgmma with promotion every 128: the wgmma's partial
-// sums differ from the CPU's exact ascending fp32 ones only in their order and internal rounding,
-// so the check is a relative bound; a backend that takes only power-of-two scales skips the rest.
+// sums differ from the CPU's exact ascending fp32 ones in their order and in the tensor core's own
+// accumulation precision (H200, session 9: relative Frobenius error 1.07-1.08e-4 on every case here,
+// fp32 and pow2 scales alike; the BF16 path on dequantized operands: below 1e-5), so the check is a
+// relative bound of 3e-4 plus an elementwise one; a backend that takes only power-of-two scales skips
+// the rest.
 struct Fp8Case {
   std::vector<int> sizes;
   int64_t k, n;
@@ -240,10 +243,10 @@ void expect_fp8_block_store_ok(detail::Backend& backend, const Fp8Case& c, doubl
 TEST_P(GpuGemmM, Fp8BlockStoreMatchesTheBlockRuleForFp32AndPow2Scales) {
 #if defined(MXMOE_WITH_CUDA)
   for (bool pow2 : {false, true}) {
-    expect_fp8_block_store_ok(backend(), {{0, 1, 127, 129, 300, 0}, 256, 128, pow2}, 1e-4);
-    expect_fp8_block_store_ok(backend(), {{37, 0, 130}, 2880, 1408 + 64, pow2}, 1e-4);  // K, N tails of 128
-    expect_fp8_block_store_ok(backend(), {{0, 0, 0}, 128, 64, pow2}, 1e-4);
-    expect_fp8_block_store_ok(backend(), {{513, 2, 1}, 400, 200, pow2}, 1e-4);
+    expect_fp8_block_store_ok(backend(), {{0, 1, 127, 129, 300, 0}, 256, 128, pow2}, 3e-4);
+    expect_fp8_block_store_ok(backend(), {{37, 0, 130}, 2880, 1408 + 64, pow2}, 3e-4);  // K, N tails of 128
+    expect_fp8_block_store_ok(backend(), {{0, 0, 0}, 128, 64, pow2}, 3e-4);
+    expect_fp8_block_store_ok(backend(), {{513, 2, 1}, 400, 200, pow2}, 3e-4);
   }
 #endif
 }

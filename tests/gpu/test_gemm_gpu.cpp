@@ -223,16 +223,20 @@ void expect_fp8_block_store_ok(detail::Backend& backend, const Fp8Case& c, doubl
   const HostTensor got = d.download(), got2 = d2.download();
   EXPECT_LE(rel_error(got.view, ref.view), tol);
   EXPECT_TRUE(bytes_equal(got.view, got2.view)) << "two runs differ";
-  // Elementwise: each output within 1e-3 of |reference| + the outputs' RMS (no stray tile, no lost
-  // block, no swapped scale).
-  double ss = 0;
-  for (int64_t i = 0; i < t * n; ++i) ss += static_cast<double>(ref.ptr<float>()[i]) * ref.ptr<float>()[i];
-  const double rms = t * n > 0 ? std::sqrt(ss / static_cast<double>(t * n)) : 0.0;
+  // Elementwise, against the sum of |terms| (the same block rule on |q|: the magnitude the partial
+  // sums run through): within 1e-3 of it, so no stray tile, lost block or swapped scale passes,
+  // while an output that is a small remainder of large terms may carry the tensor core's rounding
+  // (H200, session 9: d = -10.545 vs -10.400 from terms of about 3000).
+  HostTensor aqa = qa, aqw = qw, mag(DType::f32, {t, n});
+  for (uint8_t& v : aqa.bytes) v = (v & 0x7f) == 0x7f ? v : static_cast<uint8_t>(v & 0x7f);
+  for (uint8_t& v : aqw.bytes) v = (v & 0x7f) == 0x7f ? v : static_cast<uint8_t>(v & 0x7f);
+  cpu::fp8_gemm_fprop(aqa.ptr<uint8_t>(), sa.ptr<float>(), t, k, aqw.ptr<uint8_t>(), sw.ptr<float>(), experts, n,
+                      offsets_h.ptr<int32_t>(), mag.ptr<float>());
   int64_t bad = 0;
   for (int64_t i = 0; i < t * n; ++i) {
-    const double g = got.ptr<float>()[i], r = ref.ptr<float>()[i];
-    if (!(std::fabs(g - r) <= 1e-3 * (std::fabs(r) + rms))) {
-      if (bad < 5) ADD_FAILURE() << "d[" << i / n << ", " << i % n << "] = " << g << ", reference " << r;
+    const double g = got.ptr<float>()[i], r = ref.ptr<float>()[i], m = mag.ptr<float>()[i];
+    if (!(std::fabs(g - r) <= 1e-3 * m + 1e-30)) {
+      if (bad < 5) ADD_FAILURE() << "d[" << i / n << ", " << i % n << "] = " << g << ", reference " << r << ", sum |terms| " << m;
       ++bad;
     }
   }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,27 @@ inline std::string gpu_unavailable_reason() {
   } while (0)
 
 inline constexpr Device kGpu0{DeviceType::cuda, 0};
+
+// Sets (value) or unsets (nullptr) an environment variable for a scope, restoring it after: the
+// backends' opt-in switches that are read per call (e.g. MXMOE_SM90_FP8_BLOCK=dgrad).
+class EnvOverride {
+ public:
+  EnvOverride(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) had_ = true, old_ = old;
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+  }
+  ~EnvOverride() {
+    if (had_) setenv(name_.c_str(), old_.c_str(), 1);
+    else unsetenv(name_.c_str());
+  }
+  EnvOverride(const EnvOverride&) = delete;
+  EnvOverride& operator=(const EnvOverride&) = delete;
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
 
 // The backends the GPU suites run over: every registered backend that does not take host data, in
 // preference order ("cuda_sm100", "cuda_sm90", "cuda_portable"), so a new device backend inherits every suite just

@@ -23,6 +23,11 @@ void dequantize_experts(const uint8_t* data, const uint8_t* scales, int64_t expe
 void quantize_fp8_block(const QuantizeArgs& a, void* stream);
 void quantize_experts_fp8_block(const detail::QuantizeExpertsStep& s, void* stream);
 void gemm_m_fp8_block(const detail::MGemmStep& s, void* stream, void (*bf16_gemm)(const detail::MGemmStep&, void*));
+// E fp8_block weights [rows, cols] (e4m3, f32 scales [E][ceil(rows/128)][ceil(cols/128)]) -> the
+// same blocks transposed, [E, cols, rows] and [E][ceil(cols/128)][ceil(rows/128)]: the K-major B
+// of a dgrad on FP8 wgmma, which takes K-major operands only.
+void transpose_fp8_block_weights(const uint8_t* q, const float* sinv, int64_t experts, int64_t rows, int64_t cols,
+                                 uint8_t* qt, float* sinv_t, void* stream);
 void gemm_k_fp8_block(const KGroupedGemmArgs& a, void* stream, void (*bf16_gemm)(const KGroupedGemmArgs&, void*));
 
 namespace portable {

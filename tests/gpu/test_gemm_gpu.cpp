@@ -175,30 +175,43 @@ TEST_P(GpuGemmM, StoreHandlesAllEmptySingleExpertAndSkewedSplits) {
 // fp32 and pow2 scales alike; the BF16 path on dequantized operands: below 1e-5), so the check is a
 // relative bound of 3e-4 plus an elementwise one; a backend that takes only power-of-two scales skips
 // the rest.
+// dgrad: B_e given as [K, N] (b_kn, the layer's dgrad orientation; reference cpu::fp8_gemm_dgrad),
+// which cuda_sm90 transposes for FP8 wgmma (opt-in MXMOE_SM90_FP8_BLOCK=dgrad until GPU-verified).
 struct Fp8Case {
   std::vector<int> sizes;
   int64_t k, n;
   bool pow2;
+  bool dgrad = false;
 };
 void expect_fp8_block_store_ok(detail::Backend& backend, const Fp8Case& c, double tol) {
-  SCOPED_TRACE("fp8_block store k=" + std::to_string(c.k) + " n=" + std::to_string(c.n) + (c.pow2 ? " pow2" : ""));
+  SCOPED_TRACE(std::string(c.dgrad ? "fp8_block dgrad" : "fp8_block store") + " k=" + std::to_string(c.k) +
+               " n=" + std::to_string(c.n) + (c.pow2 ? " pow2" : ""));
   const int64_t t = total_of(c.sizes), experts = static_cast<int64_t>(c.sizes.size()), k = c.k, n = c.n;
+  const int64_t wr = c.dgrad ? k : n, wc = c.dgrad ? n : k;  // W_e [wr, wc] as stored
   const HostTensor offsets_h = offsets_from_sizes(c.sizes);
   const Dual offsets(offsets_h);
   // Inputs of mixed magnitudes per row (scales of many sizes), weights likewise per expert.
-  HostTensor x = random_bf16({t, k}, -1.f, 1.f), w = random_bf16({experts, n, k}, -1.f, 1.f);
+  HostTensor x = random_bf16({t, k}, -1.f, 1.f), w = random_bf16({experts, wr, wc}, -1.f, 1.f);
   for (int64_t r = 0; r < t; ++r)
     for (int64_t i = 0; i < k; ++i) {
       uint16_t& v = x.ptr<uint16_t>()[r * k + i];
       v = bf16_from_f32(f32_from_bf16(v) * std::ldexp(1.0f, static_cast<int>((r * 7 + i / 128) % 13) - 6));
     }
   HostTensor qa(DType::e4m3, {t, k}), sa(DType::f32, {fp8_rowwise_scale_count(t, k)});
-  HostTensor qw(DType::e4m3, {experts, n, k}), sw(DType::f32, {experts * fp8_weight_scale_count(n, k)});
+  HostTensor qw(DType::e4m3, {experts, wr, wc}), sw(DType::f32, {experts * fp8_weight_scale_count(wr, wc)});
   cpu::fp8_quantize_rows(x.ptr<uint16_t>(), t, k, c.pow2, qa.ptr<uint8_t>(), sa.ptr<float>());
-  cpu::fp8_quantize_weights(w.ptr<uint16_t>(), experts, n, k, c.pow2, qw.ptr<uint8_t>(), sw.ptr<float>());
+  cpu::fp8_quantize_weights(w.ptr<uint16_t>(), experts, wr, wc, c.pow2, qw.ptr<uint8_t>(), sw.ptr<float>());
+  // The block rule on (qa, qw) into `out` (D [t, n]).
+  auto reference = [&](const HostTensor& a_q, const HostTensor& w_q, HostTensor& out) {
+    if (c.dgrad)
+      cpu::fp8_gemm_dgrad(a_q.ptr<uint8_t>(), sa.ptr<float>(), t, k, w_q.ptr<uint8_t>(), sw.ptr<float>(), experts, n,
+                          offsets_h.ptr<int32_t>(), out.ptr<float>());
+    else
+      cpu::fp8_gemm_fprop(a_q.ptr<uint8_t>(), sa.ptr<float>(), t, k, w_q.ptr<uint8_t>(), sw.ptr<float>(), experts, n,
+                          offsets_h.ptr<int32_t>(), out.ptr<float>());
+  };
   HostTensor ref(DType::f32, {t, n});
-  cpu::fp8_gemm_fprop(qa.ptr<uint8_t>(), sa.ptr<float>(), t, k, qw.ptr<uint8_t>(), sw.ptr<float>(), experts, n,
-                      offsets_h.ptr<int32_t>(), ref.ptr<float>());
+  reference(qa, qw, ref);
   const Dual dqa(qa), dsa(sa), dqw(qw), dsw(sw);
   Dual d = poisoned(DType::f32, {t, n}), d2 = poisoned(DType::f32, {t, n});
   MGemmStep s;
@@ -210,6 +223,7 @@ void expect_fp8_block_store_ok(detail::Backend& backend, const Fp8Case& c, doubl
   s.gemm.b.scales.dense = dsw.dv();
   s.gemm.b.scales.dtype = DType::f32;
   s.gemm.b.format = QuantFormat::fp8_block;
+  s.gemm.b_kn = c.dgrad;
   s.gemm.offsets.offsets = offsets.dv();
   s.gemm.d = d.dv();
   detail::StepQuery q{detail::Step::gemm_m, kGpu0, Recipe::fp8_blockwise, n, k};
@@ -230,8 +244,7 @@ void expect_fp8_block_store_ok(detail::Backend& backend, const Fp8Case& c, doubl
   HostTensor aqa = qa, aqw = qw, mag(DType::f32, {t, n});
   for (uint8_t& v : aqa.bytes) v = (v & 0x7f) == 0x7f ? v : static_cast<uint8_t>(v & 0x7f);
   for (uint8_t& v : aqw.bytes) v = (v & 0x7f) == 0x7f ? v : static_cast<uint8_t>(v & 0x7f);
-  cpu::fp8_gemm_fprop(aqa.ptr<uint8_t>(), sa.ptr<float>(), t, k, aqw.ptr<uint8_t>(), sw.ptr<float>(), experts, n,
-                      offsets_h.ptr<int32_t>(), mag.ptr<float>());
+  reference(aqa, aqw, mag);
   int64_t bad = 0;
   for (int64_t i = 0; i < t * n; ++i) {
     const double g = got.ptr<float>()[i], r = ref.ptr<float>()[i], m = mag.ptr<float>()[i];
@@ -251,6 +264,24 @@ TEST_P(GpuGemmM, Fp8BlockStoreMatchesTheBlockRuleForFp32AndPow2Scales) {
     expect_fp8_block_store_ok(backend(), {{37, 0, 130}, 2880, 1408 + 64, pow2}, 3e-4);  // K, N tails of 128
     expect_fp8_block_store_ok(backend(), {{0, 0, 0}, 128, 64, pow2}, 3e-4);
     expect_fp8_block_store_ok(backend(), {{513, 2, 1}, 400, 200, pow2}, 3e-4);
+  }
+#endif
+}
+
+// The dgrad orientation: with power-of-two scales on every backend that takes them (cuda_sm90: the
+// BF16 kernels on dequantized operands), then with MXMOE_SM90_FP8_BLOCK=dgrad (cuda_sm90's FP8-wgmma
+// path on transposed weights; fp32 scales too).
+TEST_P(GpuGemmM, Fp8BlockDgradMatchesTheBlockRule) {
+#if defined(MXMOE_WITH_CUDA)
+  for (bool fp8_kernels : {false, true}) {
+    SCOPED_TRACE(fp8_kernels ? "MXMOE_SM90_FP8_BLOCK=dgrad" : "default");
+    EnvOverride env("MXMOE_SM90_FP8_BLOCK", fp8_kernels ? "dgrad" : nullptr);
+    for (bool pow2 : {true, false}) {
+      if (!pow2 && !fp8_kernels) continue;
+      expect_fp8_block_store_ok(backend(), {{0, 1, 127, 129, 300, 0}, 256, 128, pow2, true}, 3e-4);
+      expect_fp8_block_store_ok(backend(), {{37, 0, 130}, 1408 + 64, 2880, pow2, true}, 3e-4);
+      expect_fp8_block_store_ok(backend(), {{513, 2, 1}, 400, 208, pow2, true}, 3e-4);
+    }
   }
 #endif
 }

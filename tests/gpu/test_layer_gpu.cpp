@@ -93,6 +93,23 @@ TEST_P(GpuLayer, MatchesCpuReferenceAtSameQuantizationPoints) {
   }
 }
 
+// fp8_blockwise with the dgrads on cuda_sm90's FP8-wgmma kernels (opt-in MXMOE_SM90_FP8_BLOCK=dgrad:
+// FC2 dgrad's GLU backward and FC1 dgrad on transposed weight copies) against the CPU at the
+// same-points tolerance; power-of-two scales, since the wgrads still need them.
+TEST_P(GpuLayer, Fp8BlockwiseWithFp8DgradsMatchesCpu) {
+  EnvOverride env("MXMOE_SM90_FP8_BLOCK", "dgrad");
+  for (const GpuCase& c : cases()) {
+    if (c.problem.recipe != Recipe::fp8_blockwise) continue;
+    SCOPED_TRACE(std::string(c.name) + " with MXMOE_SM90_FP8_BLOCK=dgrad");
+    LayerData d = make_layer_data(c.problem, c.sizes, c.weight_gain);
+    Context cpu({.backend = "cpu"});
+    Context gpu(prefer_backend(backend_name()));
+    LayerOutputs ref = run_layer(cpu, Device{}, d);
+    LayerOutputs out = run_layer(gpu, Device{DeviceType::cuda, 0}, d);
+    expect_close(out, ref, c.problem, c.name);
+  }
+}
+
 TEST_P(GpuLayer, RepeatedRunsAreBitIdentical) {
   Problem p = problem(512, 256, 6, Recipe::mxfp8, Activation::swiglu, GluLayout::halves, true);
   LayerData d = make_layer_data(p, {100, 0, 300, 1, 64, 200});

@@ -25,6 +25,15 @@
 
 namespace mxmoe::cli {
 
+namespace {
+// Usage errors of the recipe flags, the same with and without CUDA.
+void check_bench_recipe(const CliOptions& o) {
+  if (o.recipe == Recipe::fp8_blockwise && !o.pow2_scales)
+    throw UsageError("--recipe fp8_blockwise: the GPU's backward GEMMs take power-of-two scales only so far; add --pow2-scales");
+  if (o.pow2_scales && o.recipe != Recipe::fp8_blockwise) throw UsageError("--pow2-scales is for --recipe fp8_blockwise");
+}
+}  // namespace
+
 #if defined(MXMOE_WITH_CUDA)
 namespace {
 
@@ -286,9 +295,7 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, bool pow2, DType dw_d
 }  // namespace
 
 int command_bench(const CliOptions& o) {
-  if (o.recipe == Recipe::fp8_blockwise && !o.pow2_scales)
-    throw UsageError("--recipe fp8_blockwise: the GPU's backward GEMMs take power-of-two scales only so far; add --pow2-scales");
-  if (o.pow2_scales && o.recipe != Recipe::fp8_blockwise) throw UsageError("--pow2-scales is for --recipe fp8_blockwise");
+  check_bench_recipe(o);
   if (cuda_device_count() == 0) {
     std::fprintf(stderr, "mxmoe bench: no CUDA GPU on this machine (the benchmark times GPU kernels)\n");
     return kExitError;
@@ -349,7 +356,8 @@ int command_bench(const CliOptions& o) {
   return kExitOk;
 }
 #else
-int command_bench(const CliOptions&) {
+int command_bench(const CliOptions& o) {
+  check_bench_recipe(o);
   std::fprintf(stderr, "mxmoe bench: this build has no CUDA support (the benchmark times GPU kernels)\n");
   return kExitError;
 }

@@ -163,6 +163,35 @@ __global__ void __launch_bounds__(kThreads) weights_to_bf16_kernel(const uint8_t
   }
 }
 
+// E e4m3 matrices [rows, cols] -> [cols, rows] (32 x 32 tiles through shared memory, a CTA of 32 x 8
+// threads per tile), and their 128x128-block scales [E][rb][cb] -> [E][cb][rb].
+constexpr int kTile = 32;
+__global__ void __launch_bounds__(kTile * 8) transpose_u8_kernel(const uint8_t* __restrict__ q, int64_t rows,
+                                                                 int64_t cols, uint8_t* __restrict__ qt) {
+  __shared__ uint8_t tile[kTile][kTile + 4];
+  const int64_t e = blockIdx.z, r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const uint8_t* src = q + e * rows * cols;
+  uint8_t* dst = qt + e * rows * cols;
+  for (int i = threadIdx.y; i < kTile; i += 8) {
+    const int64_t r = r0 + i, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[i][threadIdx.x] = src[r * cols + c];
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < kTile; i += 8) {
+    const int64_t c = c0 + i, r = r0 + threadIdx.x;
+    if (r < rows && c < cols) dst[c * rows + r] = tile[threadIdx.x][i];
+  }
+}
+__global__ void transpose_scales_kernel(const float* __restrict__ s, int64_t experts, int64_t rb, int64_t cb,
+                                        float* __restrict__ st) {
+  const int64_t n = experts * rb * cb;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t e = i / (rb * cb), r = (i / cb) % rb, c = i % cb;
+    st[(e * cb + c) * rb + r] = s[i];
+  }
+}
+
 unsigned grid_1d(int64_t work) {
   const int64_t blocks = ceil_div(work, kThreads);
   return static_cast<unsigned>(blocks < 65536 * 8 ? blocks : 65536 * 8);
@@ -219,6 +248,20 @@ void quantize_fp8_block(const QuantizeArgs& a, void* stream_ptr) {
                                                        a.colwise.scales.ptr<float>());
     MXMOE_CUDA_CHECK_LAUNCH();
   }
+}
+
+void transpose_fp8_block_weights(const uint8_t* q, const float* sinv, int64_t experts, int64_t rows, int64_t cols,
+                                 uint8_t* qt, float* sinv_t, void* stream_ptr) {
+  const cudaStream_t stream = as_stream(stream_ptr);
+  if (experts == 0 || rows == 0 || cols == 0) return;
+  if (experts > 65535) throw Error("experts", "more than 65535 experts for one transpose grid");
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kTile)), static_cast<unsigned>(ceil_div(rows, kTile)),
+                  static_cast<unsigned>(experts));
+  transpose_u8_kernel<<<grid, dim3(kTile, 8), 0, stream>>>(q, rows, cols, qt);
+  MXMOE_CUDA_CHECK_LAUNCH();
+  const int64_t rb = ceil_div(rows, kFp8Block), cb = ceil_div(cols, kFp8Block);
+  transpose_scales_kernel<<<grid_1d(experts * rb * cb), kThreads, 0, stream>>>(sinv, experts, rb, cb, sinv_t);
+  MXMOE_CUDA_CHECK_LAUNCH();
 }
 
 void quantize_experts_fp8_block(const detail::QuantizeExpertsStep& s, void* stream_ptr) {

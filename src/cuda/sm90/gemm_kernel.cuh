@@ -65,7 +65,16 @@ inline constexpr int kEwEpiBytes = kBlockM * BN * 4 + kEwWarps * 2 * BN * 4;
 //           accumulates each k-block from zero into a second register tile, which is promoted
 //           into the fp32 accumulators as acc = fma(partial, s_a(row) s_b(column half), acc),
 //           docs/numerics.md's block rule (the wgmma's own partial sums in their order). BN 128:
-//           the two register tiles take 128 of a consumer's 224 registers. store and glu_forward.
+//           the two register tiles take 128 of a consumer's 224 registers. store, glu_forward and
+//           (on a transposed weight copy, B_e^T [N, K]) glu_backward. Measured (H200, session 9,
+//           dsv3 skew, mxmoe bench): FC1 fprop (GLU epilogue) 617 TFLOP/s, FC2 fprop (store) 882,
+//           against 411 / 522 for the BF16 kernels on dequantized operands and 682 / 652 for
+//           torch._grouped_mm BF16. Per k-block each consumer waits for its wgmmas (wait 0) before
+//           promoting, so the tensor core idles while both warp groups promote and during the
+//           epilogue (BN 128 halves the work per epilogue against the BF16 tiles): what would move
+//           it is overlapping them (two partial tiles in flight; or ping-pong consumers, one in its
+//           epilogue while the other runs its mainloop). ptxas: no spills for store and glu_forward;
+//           glu_backward 36 bytes of spill stores (its epilogue).
 enum class Mx : uint8_t { none, a, ab, blk };
 template <int BN_, Major AMajor_, Major BMajor_, Grouping G_, Epi E_, int Cluster_ = 1, Mx Mx_ = Mx::none>
 struct KernelConfig {
@@ -77,8 +86,8 @@ struct KernelConfig {
   static constexpr bool kMxB = Mx_ == Mx::ab;                  // MXFP8 B, converted in shared memory
   static constexpr bool kBlk = Mx_ == Mx::blk;                 // FP8 blockwise: FP8 wgmma, promotion
   static_assert(!kBlk || (G_ == Grouping::m && AMajor_ == Major::k && BMajor_ == Major::k && BN_ == 128 &&
-                          (E_ == Epi::store || E_ == Epi::glu_forward)),
-                "FP8 blockwise: m-grouped, K-major A and B, BN 128, store or glu_forward");
+                          (E_ == Epi::store || E_ == Epi::glu_forward || E_ == Epi::glu_backward)),
+                "FP8 blockwise: m-grouped, K-major A and B (dgrad: B transposed first), BN 128");
   static_assert(!kMx || (G_ == Grouping::m && AMajor_ == Major::k), "MXFP8: m-grouped, K-major tokens");
   static_assert(!kMxB || E_ == Epi::store, "FP8 B: the store epilogue");
   static constexpr int kElemA = kMx || kBlk ? 1 : 2, kElemB = kMxB || kBlk ? 1 : 2;  // bytes per value in the ring

@@ -374,11 +374,17 @@ void run_gemm_m(const detail::MGemmStep& s, cudaStream_t stream) {
 }
 }  // namespace
 
+// The dgrads on FP8 wgmma (B_e [K, N] transposed into a transient [N, K] copy first): written in
+// session 9 without a GPU run, so opt-in (MXMOE_SM90_FP8_BLOCK=dgrad, read per call) until the GPU
+// tests (GpuGemmM.Fp8BlockDgrad*) have run them.
+bool fp8_dgrad_on() { return env_is("MXMOE_SM90_FP8_BLOCK", "dgrad"); }
+
 bool fp8_block_kernel_takes(const detail::MGemmStep& s) {
   static const bool off = env_is("MXMOE_SM90_FP8_BLOCK", "dequant");
   const MGroupedGemmArgs& g = s.gemm;
-  if (off || !g.a.is_fp8_block() || !fp8_block_refusal(s).empty() || g.b_kn) return false;
-  if (s.epilogue != detail::Epilogue::store && s.epilogue != detail::Epilogue::glu_forward) return false;
+  if (off || !g.a.is_fp8_block() || !fp8_block_refusal(s).empty()) return false;
+  if (g.b_kn && !fp8_dgrad_on()) return false;
+  if (!g.b_kn && s.epilogue == detail::Epilogue::glu_backward) return false;
   const int64_t k = g.a.mx.data.shape[1];
   if (k % 16 != 0) return false;  // e4m3 rows: 16-byte TMA strides
   if (!tma_aligned(g.a.mx.data.data) || !tma_aligned(g.b.data.dense.data)) return false;
@@ -395,12 +401,30 @@ void run_gemm_m_blk(const detail::MGemmStep& s0, cudaStream_t stream) {
   const bool fp8_out = s0.out_row.data.data != nullptr || s0.out_col.data.data != nullptr;
   const bool stage = fp8_out && s0.out_bf16.data == nullptr;
   const int64_t rows = a_rows(s0);
-  Workspace tmp(stage ? Workspace::aligned(rows * s0.ffn * 2) : 0, stream);
+  const int64_t out_cols = s0.epilogue == detail::Epilogue::glu_forward ? s0.ffn : 2 * s0.ffn;
+  // A dgrad: B_e [K, N] as stored -> [N, K] (K-major, what FP8 wgmma reads) with its block scales.
+  const TensorView& bd = s0.gemm.b.data.dense;
+  const bool transpose = s0.gemm.b_kn;
+  const int64_t E = bd.shape[0], br = bd.shape[1], bc = bd.shape[2];
+  const int64_t scale_count = E * ceil_div(br, kFp8Block) * ceil_div(bc, kFp8Block);
+  Workspace tmp((stage ? Workspace::aligned(rows * out_cols * 2) : 0) +
+                    (transpose ? Workspace::aligned(E * br * bc) + Workspace::aligned(scale_count * 4) : 0),
+                stream);
   detail::MGemmStep s = s0;
   if (fp8_out) {
-    if (stage) s.out_bf16 = TensorView::of(tmp.take<uint16_t>(rows * s0.ffn), DType::bf16, {rows, s0.ffn}, a_view(s0).device);
+    if (stage) s.out_bf16 = TensorView::of(tmp.take<uint16_t>(rows * out_cols), DType::bf16, {rows, out_cols}, a_view(s0).device);
     s.out_row = Mxfp8View{};
     s.out_col = Mxfp8View{};
+  }
+  if (transpose) {
+    uint8_t* qt = tmp.take<uint8_t>(E * br * bc);
+    float* st = tmp.take<float>(scale_count);
+    transpose_fp8_block_weights(bd.ptr<uint8_t>(), static_cast<const float*>(s0.gemm.b.scales.dense.data), E, br, bc,
+                                qt, st, stream);
+    s.gemm.b.data.dense = TensorView::of(qt, DType::e4m3, {E, bc, br}, bd.device);
+    s.gemm.b.scales.dense = TensorView::of(st, DType::f32, {scale_count}, bd.device);
+    s.gemm.b.dequantized = ExpertMatrices{};
+    s.gemm.b_kn = false;
   }
   if (s.gemm.offsets.experts() > 0) {
     Workspace ws(gemm_m_workspace_bytes(s, kBlkN), stream);

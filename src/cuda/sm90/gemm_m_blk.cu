@@ -14,14 +14,16 @@ namespace {
 constexpr int kPair = 2;  // CTA pairs along M sharing (multicasting) the B tile, as the BF16 kernels
 using BlkStore = KernelConfig<kBlkN, Major::k, Major::k, Grouping::m, Epi::store, kPair, Mx::blk>;
 using BlkGluFwd = KernelConfig<kBlkN, Major::k, Major::k, Grouping::m, Epi::glu_forward, kPair, Mx::blk>;
+using BlkGluBwd = KernelConfig<kBlkN, Major::k, Major::k, Grouping::m, Epi::glu_backward, kPair, Mx::blk>;
 
 }  // namespace
 
 void launch_gemm_m_blk(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t stream) {
-  if (s.epilogue == detail::Epilogue::glu_forward)
-    launch<BlkGluFwd>(plan.params, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
-  else
-    launch<BlkStore>(plan.params, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+  switch (s.epilogue) {
+    case detail::Epilogue::glu_forward: launch<BlkGluFwd>(plan.params, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream); break;
+    case detail::Epilogue::glu_backward: launch<BlkGluBwd>(plan.params, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream); break;
+    case detail::Epilogue::store: launch<BlkStore>(plan.params, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream); break;
+  }
 }
 
 }  // namespace mxmoe::cuda::sm90

@@ -33,7 +33,7 @@ void launch_gemm_m_mx(const detail::MGemmStep& s, const MPlan& plan, int bn, cud
 bool fp8_b_in_kernel();
 
 // gemm_m_blk.cu: the FP8-wgmma kernel of a planned fp8_blockwise step (plan_gemm_m with kBlkN):
-// store or glu_forward, B_e [N, K].
+// store, glu_forward or glu_backward, B_e [N, K] (a dgrad's weights transposed first).
 inline constexpr int kBlkN = 128;
 void launch_gemm_m_blk(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t stream);
 

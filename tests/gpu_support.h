@@ -39,7 +39,7 @@ inline std::string gpu_unavailable_reason() {
 inline constexpr Device kGpu0{DeviceType::cuda, 0};
 
 // Sets (value) or unsets (nullptr) an environment variable for a scope, restoring it after: the
-// backends' opt-in switches that are read per call (e.g. MXMOE_SM90_FP8_BLOCK=dgrad).
+// backends' opt-in switches that are read per call (e.g. MXMOE_SM90_FP8_BLOCK=backward).
 class EnvOverride {
  public:
   EnvOverride(const char* name, const char* value) : name_(name) {

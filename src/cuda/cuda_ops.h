@@ -28,6 +28,13 @@ void gemm_m_fp8_block(const detail::MGemmStep& s, void* stream, void (*bf16_gemm
 // of a dgrad on FP8 wgmma, which takes K-major operands only.
 void transpose_fp8_block_weights(const uint8_t* q, const float* sinv, int64_t experts, int64_t rows, int64_t cols,
                                  uint8_t* qt, float* sinv_t, void* stream);
+// Token blocks [T, K] (e4m3, 128-token blocks restarting at every group, groups g) -> [K, tp]: block
+// row i (the group schedule's 128-row tile i, the scale row of its scales) at columns
+// [128 i, 128 i + 128), rows past the group's end as 0 (padding inside the kernel's view): the
+// K-major, whole-block operands of a k-grouped wgrad on FP8 wgmma. tp: a multiple of 16 of at least
+// 128 fp8_token_block_tiles(g, T); columns of tiles past the real count are not written.
+int64_t fp8_token_block_tiles(const GroupOffsets& g, int64_t rows);
+void transpose_token_blocks(const Mxfp8View& v, const GroupOffsets& g, uint8_t* qt, int64_t tp, void* stream);
 void gemm_k_fp8_block(const KGroupedGemmArgs& a, void* stream, void (*bf16_gemm)(const KGroupedGemmArgs&, void*));
 
 namespace portable {

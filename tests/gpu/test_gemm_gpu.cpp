@@ -176,7 +176,7 @@ TEST_P(GpuGemmM, StoreHandlesAllEmptySingleExpertAndSkewedSplits) {
 // relative bound of 3e-4 plus an elementwise one; a backend that takes only power-of-two scales skips
 // the rest.
 // dgrad: B_e given as [K, N] (b_kn, the layer's dgrad orientation; reference cpu::fp8_gemm_dgrad),
-// which cuda_sm90 transposes for FP8 wgmma (opt-in MXMOE_SM90_FP8_BLOCK=dgrad until GPU-verified).
+// which cuda_sm90 transposes for FP8 wgmma (opt-in MXMOE_SM90_FP8_BLOCK=backward until GPU-verified).
 struct Fp8Case {
   std::vector<int> sizes;
   int64_t k, n;
@@ -269,13 +269,13 @@ TEST_P(GpuGemmM, Fp8BlockStoreMatchesTheBlockRuleForFp32AndPow2Scales) {
 }
 
 // The dgrad orientation: with power-of-two scales on every backend that takes them (cuda_sm90: the
-// BF16 kernels on dequantized operands), then with MXMOE_SM90_FP8_BLOCK=dgrad (cuda_sm90's FP8-wgmma
+// BF16 kernels on dequantized operands), then with MXMOE_SM90_FP8_BLOCK=backward (cuda_sm90's FP8-wgmma
 // path on transposed weights; fp32 scales too).
 TEST_P(GpuGemmM, Fp8BlockDgradMatchesTheBlockRule) {
 #if defined(MXMOE_WITH_CUDA)
   for (bool fp8_kernels : {false, true}) {
-    SCOPED_TRACE(fp8_kernels ? "MXMOE_SM90_FP8_BLOCK=dgrad" : "default");
-    EnvOverride env("MXMOE_SM90_FP8_BLOCK", fp8_kernels ? "dgrad" : nullptr);
+    SCOPED_TRACE(fp8_kernels ? "MXMOE_SM90_FP8_BLOCK=backward" : "default");
+    EnvOverride env("MXMOE_SM90_FP8_BLOCK", fp8_kernels ? "backward" : nullptr);
     for (bool pow2 : {true, false}) {
       if (!pow2 && !fp8_kernels) continue;
       expect_fp8_block_store_ok(backend(), {{0, 1, 127, 129, 300, 0}, 256, 128, pow2, true}, 3e-4);
@@ -356,6 +356,104 @@ void expect_gemm_k_ok(detail::Backend& backend, const KCase& c) {
   }
 }
 #endif
+
+#if defined(MXMOE_WITH_CUDA)
+// FP8 blockwise wgrad: D_e [M, N] = sum over group e's tokens of A[t, :]^T B[t, :], both operands in
+// 128-token blocks restarting at every group, against cpu::fp8_gemm_wgrad; fp32 out with beta 0
+// (poisoned) or 1 (random start), bf16 out. Relative bound as for the fprop, elementwise against the
+// sum of |terms|.
+void expect_fp8_block_wgrad_ok(detail::Backend& backend, const std::vector<int>& sizes, int64_t m, int64_t n, bool pow2,
+                               bool accumulate, DType out) {
+  SCOPED_TRACE("fp8_block wgrad m=" + std::to_string(m) + " n=" + std::to_string(n) + (pow2 ? " pow2" : "") +
+               (accumulate ? " beta=1" : "") + (out == DType::bf16 ? " bf16" : ""));
+  const int64_t t = total_of(sizes), experts = static_cast<int64_t>(sizes.size());
+  const HostTensor offsets_h = offsets_from_sizes(sizes);
+  const Dual offsets(offsets_h);
+  HostTensor x = random_bf16({t, m}, -1.f, 1.f), y = random_bf16({t, n}, -1.f, 1.f);
+  for (int64_t r = 0; r < t; ++r)  // magnitudes that change along the tokens: block scales of many sizes
+    for (int64_t i = 0; i < m; ++i) {
+      uint16_t& v = x.ptr<uint16_t>()[r * m + i];
+      v = bf16_from_f32(f32_from_bf16(v) * std::ldexp(1.0f, static_cast<int>((r / 64 + i) % 11) - 5));
+    }
+  const int64_t cap = fp8_token_block_rows_capacity(t, experts);
+  HostTensor qa(DType::e4m3, {t, m}), sa(DType::f32, {cap * m}), qb(DType::e4m3, {t, n}), sb(DType::f32, {cap * n});
+  cpu::fp8_quantize_token_blocks(x.ptr<uint16_t>(), t, m, offsets_h.ptr<int32_t>(), experts, pow2, qa.ptr<uint8_t>(),
+                                 sa.ptr<float>(), cap);
+  cpu::fp8_quantize_token_blocks(y.ptr<uint16_t>(), t, n, offsets_h.ptr<int32_t>(), experts, pow2, qb.ptr<uint8_t>(),
+                                 sb.ptr<float>(), cap);
+  auto reference = [&](const HostTensor& a_q, const HostTensor& b_q, HostTensor& d) {
+    cpu::fp8_gemm_wgrad(a_q.ptr<uint8_t>(), sa.ptr<float>(), m, b_q.ptr<uint8_t>(), sb.ptr<float>(), n, t,
+                        offsets_h.ptr<int32_t>(), experts, d.ptr<float>());
+  };
+  HostTensor ref(DType::f32, {experts, m, n}), mag(DType::f32, {experts, m, n});
+  reference(qa, qb, ref);
+  HostTensor aqa = qa, aqb = qb;
+  for (HostTensor* q : {&aqa, &aqb})
+    for (uint8_t& v : q->bytes) v = (v & 0x7f) == 0x7f ? v : static_cast<uint8_t>(v & 0x7f);
+  reference(aqa, aqb, mag);
+  HostTensor init = accumulate ? random_f32({experts, m, n}) : HostTensor(out, {experts, m, n});
+  if (!accumulate && !init.bytes.empty()) init.poison(kPoison);
+  if (accumulate)
+    for (int64_t i = 0; i < experts * m * n; ++i) ref.ptr<float>()[i] += init.ptr<float>()[i];
+  const Dual dqa(qa), dsa(sa), dqb(qb), dsb(sb);
+  Dual d(init), d2(init);
+  KGroupedGemmArgs k;
+  k.accumulate = accumulate;
+  alignas(16) static uint8_t marker[16];  // T = 0 operands are still FP8 operands
+  k.a.mx = Mxfp8View{dqa.dv(), dsa.dv(), BlockAxis::col, ScaleLayout::compact, QuantFormat::fp8_block};
+  k.b.mx = Mxfp8View{dqb.dv(), dsb.dv(), BlockAxis::col, ScaleLayout::compact, QuantFormat::fp8_block};
+  if (k.a.mx.data.data == nullptr) k.a.mx.data.data = marker;
+  if (k.b.mx.data.data == nullptr) k.b.mx.data.data = marker;
+  k.offsets.offsets = offsets.dv();
+  k.d.dense = d.dv();
+  k.d.dtype = out;
+  detail::StepQuery q{detail::Step::gemm_k, kGpu0, Recipe::fp8_blockwise, n, m};
+  q.pow2_scales = pow2;
+  MXMOE_SKIP_UNLESS_SERVED(backend, probe_step(backend, q, k));
+  Context ctx;
+  backend.gemm_k(ctx, k);
+  k.d.dense = d2.dv();
+  backend.gemm_k(ctx, k);
+  sync();
+  const HostTensor got = d.download(), got2 = d2.download();
+  HostTensor got32(DType::f32, {experts, m, n});
+  for (int64_t i = 0; i < experts * m * n; ++i)
+    got32.ptr<float>()[i] = out == DType::f32 ? got.ptr<float>()[i] : f32_from_bf16(got.ptr<uint16_t>()[i]);
+  EXPECT_LE(rel_error(got32.view, ref.view), out == DType::f32 ? 3e-4 : 1e-2);
+  EXPECT_TRUE(bytes_equal(got.view, got2.view)) << "two runs differ";
+  const double rel = out == DType::f32 ? 1e-3 : 1e-2;  // bf16 output: its rounding, relative to |D|
+  int64_t bad = 0;
+  for (int64_t i = 0; i < experts * m * n; ++i) {
+    const double g = got32.ptr<float>()[i], r = ref.ptr<float>()[i];
+    const double bound = rel * (mag.ptr<float>()[i] + (accumulate ? std::fabs(init.ptr<float>()[i]) : 0.0)) +
+                         (out == DType::bf16 ? std::fabs(r) * 1e-2 : 0.0) + 1e-30;
+    if (!(std::fabs(g - r) <= bound)) {
+      if (bad < 5) ADD_FAILURE() << "d[" << i / (m * n) << ", " << (i / n) % m << ", " << i % n << "] = " << g << ", reference " << r;
+      ++bad;
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+#endif
+
+// With power-of-two scales on every backend that takes them (cuda_sm90 by default: the BF16 kernel
+// on dequantized operands), then with MXMOE_SM90_FP8_BLOCK=backward (cuda_sm90's FP8-wgmma kernel
+// on transposed whole-block operands; fp32 scales too).
+TEST_P(GpuGemmK, Fp8BlockMatchesTheBlockRule) {
+#if defined(MXMOE_WITH_CUDA)
+  for (bool fp8_kernels : {false, true}) {
+    SCOPED_TRACE(fp8_kernels ? "MXMOE_SM90_FP8_BLOCK=backward" : "default");
+    EnvOverride env("MXMOE_SM90_FP8_BLOCK", fp8_kernels ? "backward" : nullptr);
+    for (bool pow2 : {true, false}) {
+      if (!pow2 && !fp8_kernels) continue;
+      expect_fp8_block_wgrad_ok(backend(), {0, 1, 127, 129, 300, 0}, 128, 256, pow2, false, DType::f32);
+      expect_fp8_block_wgrad_ok(backend(), {37, 0, 130, 5}, 200, 136, pow2, true, DType::f32);
+      expect_fp8_block_wgrad_ok(backend(), {256, 3}, 64, 72, pow2, false, DType::bf16);
+      expect_fp8_block_wgrad_ok(backend(), {0, 0, 0}, 64, 64, pow2, false, DType::f32);
+    }
+  }
+#endif
+}
 
 TEST_P(GpuGemmK, MatchesCpuBothRecipesLayoutsAndBeta) {
 #if defined(MXMOE_WITH_CUDA)

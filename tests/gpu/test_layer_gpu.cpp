@@ -93,20 +93,24 @@ TEST_P(GpuLayer, MatchesCpuReferenceAtSameQuantizationPoints) {
   }
 }
 
-// fp8_blockwise with the dgrads on cuda_sm90's FP8-wgmma kernels (opt-in MXMOE_SM90_FP8_BLOCK=dgrad:
-// FC2 dgrad's GLU backward and FC1 dgrad on transposed weight copies) against the CPU at the
-// same-points tolerance; power-of-two scales, since the wgrads still need them.
-TEST_P(GpuLayer, Fp8BlockwiseWithFp8DgradsMatchesCpu) {
-  EnvOverride env("MXMOE_SM90_FP8_BLOCK", "dgrad");
-  for (const GpuCase& c : cases()) {
+// fp8_blockwise with the whole backward on cuda_sm90's FP8-wgmma kernels (opt-in
+// MXMOE_SM90_FP8_BLOCK=backward: the dgrads on transposed weight copies, the wgrads on transposed
+// token blocks) against the CPU at the same-points tolerance, power-of-two and fp32 scales.
+TEST_P(GpuLayer, Fp8BlockwiseWithFp8BackwardMatchesCpu) {
+  EnvOverride env("MXMOE_SM90_FP8_BLOCK", "backward");
+  for (GpuCase c : cases()) {
     if (c.problem.recipe != Recipe::fp8_blockwise) continue;
-    SCOPED_TRACE(std::string(c.name) + " with MXMOE_SM90_FP8_BLOCK=dgrad");
-    LayerData d = make_layer_data(c.problem, c.sizes, c.weight_gain);
-    Context cpu({.backend = "cpu"});
-    Context gpu(prefer_backend(backend_name()));
-    LayerOutputs ref = run_layer(cpu, Device{}, d);
-    LayerOutputs out = run_layer(gpu, Device{DeviceType::cuda, 0}, d);
-    expect_close(out, ref, c.problem, c.name);
+    for (bool pow2 : {true, false}) {
+      if (!pow2 && backend_name() != "cuda_sm90") continue;  // fp32 scales: only the FP8 kernels take them
+      c.problem.pow2_scales = pow2;
+      SCOPED_TRACE(std::string(c.name) + (pow2 ? " pow2" : " fp32 scales") + " with MXMOE_SM90_FP8_BLOCK=backward");
+      LayerData d = make_layer_data(c.problem, c.sizes, c.weight_gain);
+      Context cpu({.backend = "cpu"});
+      Context gpu(prefer_backend(backend_name()));
+      LayerOutputs ref = run_layer(cpu, Device{}, d);
+      LayerOutputs out = run_layer(gpu, Device{DeviceType::cuda, 0}, d);
+      expect_close(out, ref, c.problem, c.name);
+    }
   }
 }
 

@@ -250,6 +250,46 @@ void quantize_fp8_block(const QuantizeArgs& a, void* stream_ptr) {
   }
 }
 
+namespace {
+// Token blocks [T, K] -> [K, Tp]: 128-row token tile i (the group schedule's; scale row i) to
+// columns [128 i, 128 i + 128), the rows past its group's end as 0. One CTA of 32 x 8 threads per
+// (tile, 32 columns); tiles past the real count are skipped (no k-block reads them).
+__global__ void __launch_bounds__(kTile * 8) transpose_token_blocks_kernel(const uint8_t* __restrict__ q, int64_t rows,
+                                                                           int64_t k, GroupSchedule sched, int64_t tp,
+                                                                           uint8_t* __restrict__ qt) {
+  __shared__ uint8_t tile[kFp8Block][kTile + 4];
+  const TokenTile t = token_tile(sched, blockIdx.x, rows);
+  if (t.n <= 0) return;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  for (int r = threadIdx.y; r < kFp8Block; r += 8) {
+    const int64_t c = c0 + threadIdx.x;
+    tile[r][threadIdx.x] = r < t.n && c < k ? q[(t.row0 + r) * k + c] : 0;
+  }
+  __syncthreads();
+  for (int c = threadIdx.y; c < kTile; c += 8) {
+    if (c0 + c >= k) break;
+    const int r = 4 * threadIdx.x;  // 32 lanes x 4 bytes: the tile's 128 columns of row c0 + c
+    const uint32_t w = static_cast<uint32_t>(tile[r][c]) | (static_cast<uint32_t>(tile[r + 1][c]) << 8) |
+                       (static_cast<uint32_t>(tile[r + 2][c]) << 16) | (static_cast<uint32_t>(tile[r + 3][c]) << 24);
+    *reinterpret_cast<uint32_t*>(qt + (c0 + c) * tp + static_cast<int64_t>(blockIdx.x) * kFp8Block + r) = w;
+  }
+}
+}  // namespace
+
+int64_t fp8_token_block_tiles(const GroupOffsets& g, int64_t rows) { return token_tiles(g, rows); }
+
+void transpose_token_blocks(const Mxfp8View& v, const GroupOffsets& g, uint8_t* qt, int64_t tp, void* stream_ptr) {
+  const cudaStream_t stream = as_stream(stream_ptr);
+  const int64_t rows = v.data.shape[0], k = v.data.shape[1];
+  if (rows == 0 || k == 0) return;
+  if (tp % 16 != 0 || tp < token_tiles(g, rows) * kFp8Block) throw Error("tp", "internal: transposed pitch too small or unaligned");
+  Workspace ws(token_schedule_bytes(g, rows), stream);
+  const GroupSchedule sched = token_schedule(g, rows, ws, stream);
+  const dim3 grid(static_cast<unsigned>(token_tiles(g, rows)), static_cast<unsigned>(ceil_div(k, kTile)));
+  transpose_token_blocks_kernel<<<grid, dim3(kTile, 8), 0, stream>>>(v.data.ptr<uint8_t>(), rows, k, sched, tp, qt);
+  MXMOE_CUDA_CHECK_LAUNCH();
+}
+
 void transpose_fp8_block_weights(const uint8_t* q, const float* sinv, int64_t experts, int64_t rows, int64_t cols,
                                  uint8_t* qt, float* sinv_t, void* stream_ptr) {
   const cudaStream_t stream = as_stream(stream_ptr);

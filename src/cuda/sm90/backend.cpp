@@ -43,10 +43,12 @@ class CudaSm90Backend final : public detail::RefusingBackend {
     // operands (exact; src/cuda/quant/fp8_block.cu); with fp32 scales those need FP8 wgmma on
     // transposed operands (issue 10), not written yet. Its quantizers are cuda_portable's.
     const bool gemm = q.step == detail::Step::gemm_m || q.step == detail::Step::gemm_k;
-    const bool fp8_kernel = q.step == detail::Step::gemm_m && q.gemm_m != nullptr && fp8_block_kernel_takes(*q.gemm_m);
+    const bool fp8_kernel = (q.step == detail::Step::gemm_m && q.gemm_m != nullptr && fp8_block_kernel_takes(*q.gemm_m)) ||
+                            (q.step == detail::Step::gemm_k && q.gemm_k != nullptr && fp8_block_wgrad_takes(*q.gemm_k));
     if (q.recipe == Recipe::fp8_blockwise && gemm && !q.pow2_scales && !fp8_kernel)
       return {false, "fp8_blockwise dgrad and wgrad GEMMs with fp32 (not power-of-two) scales need FP8 wgmma on "
-                     "transposed operands, not written yet; power-of-two scales (pow2_scales) run here"};
+                     "transposed operands, opt-in (MXMOE_SM90_FP8_BLOCK=backward) until run on a GPU; "
+                     "power-of-two scales (pow2_scales) run here"};
     std::string why;
     switch (q.step) {
       case detail::Step::gemm_m:

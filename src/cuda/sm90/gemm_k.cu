@@ -1,8 +1,11 @@
 // Host entry of the sm90 k-grouped GEMM (the weight gradients): D_e = A_e^T B_e over each expert's
 // own tokens, both operands token-major (MN-major tiles through one tensor map each over all tokens).
 // Group row ranges come from the device schedule; no host reads of the offsets, no stream sync.
+#include <algorithm>
+#include <cstdlib>
 #include <string>
 
+#include "src/common/fp8_block.h"
 #include "src/cuda/common/check.h"
 #include "src/cuda/cuda_ops.h"
 #include "src/cuda/sm90/gemm_m_plan.h"
@@ -13,6 +16,9 @@ namespace mxmoe::cuda::sm90 {
 namespace {
 constexpr int kWgradN = 256;
 using Wgrad = KernelConfig<kWgradN, Major::mn, Major::mn, Grouping::k, Epi::wgrad, 2>;  // CTA pairs sharing B
+// FP8 blockwise wgrad: FP8 wgmma on both token-block operands transposed to [M or N, Tp]
+// (gemm_kernel.cuh Mx::blk, k-grouped), CTA pairs sharing B.
+using BlkWgrad = KernelConfig<kBlkN, Major::k, Major::k, Grouping::k, Epi::wgrad, 2, Mx::blk>;
 constexpr int64_t kStandIn = 256;  // bytes a tensor map over no tokens points at
 }  // namespace
 
@@ -80,14 +86,64 @@ void run_gemm_k(const KGroupedGemmArgs& a, cudaStream_t stream) {
 }  // namespace
 
 // MXFP8 operands (column-wise, blocks of 32 tokens restarting at each group): both are dequantized
+// FP8 blockwise (the opt-in FP8 backward, MXMOE_SM90_FP8_BLOCK=backward): both operands transposed
+// into whole-block K-major copies (transpose_token_blocks), then the FP8-wgmma kernel with the
+// per-block outer-product promotion acc = fma(partial, s_a(m) s_b(n), acc).
+bool fp8_block_wgrad_takes(const KGroupedGemmArgs& a) {
+  const char* e = std::getenv("MXMOE_SM90_FP8_BLOCK");
+  return e != nullptr && std::string(e) == "backward" && a.a.is_fp8_block() && a.b.is_fp8_block() &&
+         gemm_k_refusal(a).empty();
+}
+
+namespace {
+void run_gemm_k_blk(const KGroupedGemmArgs& a, cudaStream_t stream) {
+  const TensorView &av = a.a.mx.data, &bv = a.b.mx.data;
+  const int64_t rows = av.shape[0], m = av.shape[1], n = bv.shape[1], experts = a.offsets.experts();
+  if (experts <= 0 || m == 0 || n == 0) return;
+  const int64_t tp = std::max<int64_t>(128, fp8_token_block_tiles(a.offsets, rows) * kFp8Block);
+  Workspace tmp(Workspace::aligned(m * tp) + Workspace::aligned(n * tp) + group_schedule_bytes(experts, rows, kFp8Block),
+                stream);
+  uint8_t* at = tmp.take<uint8_t>(m * tp);
+  uint8_t* bt = tmp.take<uint8_t>(n * tp);
+  transpose_token_blocks(a.a.mx, a.offsets, at, tp, stream);
+  transpose_token_blocks(a.b.mx, a.offsets, bt, tp, stream);
+  KernelParams p;
+  p.experts = static_cast<int32_t>(experts);
+  p.rows = rows;
+  p.m = m;
+  p.n = n;
+  p.m_tiles = static_cast<int32_t>((m + kBlockM - 1) / kBlockM);
+  p.n_tiles = static_cast<int32_t>((n + kBlkN - 1) / kBlkN);
+  const DType out_dt = a.d.per_expert() ? a.d.dtype : a.d.dense.dtype;
+  p.d_f32 = out_dt == DType::f32;
+  p.accumulate = a.accumulate && p.d_f32;
+  p.d_experts = expert_ptrs(a.d, m * n, p.d_f32 ? 4 : 2);
+  p.sched = build_group_schedule(a.offsets.data(), experts, rows, kFp8Block, tmp, stream);  // tile_start per group
+  p.k_tiles128 = true;
+  p.a_sinv = static_cast<const float*>(a.a.mx.scales.data);
+  p.a_sinv_pitch = m;
+  p.b_sinv = static_cast<const float*>(a.b.mx.scales.data);
+  p.b_sinv_pitch = n;
+  const CUtensorMap ma = make_tensor_map_u8_sw128("a", at, {static_cast<uint64_t>(tp), static_cast<uint64_t>(m)},
+                                                  {static_cast<uint64_t>(tp)}, {kFp8Block, kBlockM});
+  const CUtensorMap mb = make_tensor_map_u8_sw128("b", bt, {static_cast<uint64_t>(tp), static_cast<uint64_t>(n)},
+                                                  {static_cast<uint64_t>(tp)}, {kFp8Block, kBlkN / 2});
+  launch<BlkWgrad>(p, static_cast<int64_t>(experts) * p.m_tiles * p.n_tiles, ma, mb, mb, stream);
+}
+}  // namespace
+
 // into transient BF16 copies [T, M] and [T, N] (the exact values), which the BF16 kernel reads
 // through TMA; the copies are freed (stream-ordered) when the call returns.
 void gemm_k(const KGroupedGemmArgs& a, void* stream_ptr) {
   const cudaStream_t stream = as_stream(stream_ptr);
   const std::string why = gemm_k_refusal(a);
   if (!why.empty()) throw Error("cuda_sm90", why);
-  // FP8 blockwise (power-of-two scales): the BF16 kernel on the dequantized token blocks.
-  if (a.a.is_fp8_block()) return gemm_k_fp8_block(a, stream_ptr, &sm90::gemm_k);
+  // FP8 blockwise: the FP8-wgmma kernel where opted in, else (power-of-two scales: the probe refuses
+  // f32 ones) the BF16 kernel on the dequantized token blocks.
+  if (a.a.is_fp8_block()) {
+    if (fp8_block_wgrad_takes(a)) return run_gemm_k_blk(a, stream);
+    return gemm_k_fp8_block(a, stream_ptr, &sm90::gemm_k);
+  }
   if (!a.a.is_mxfp8()) return run_gemm_k(a, stream);
   const TensorView &av = a.a.mx.data, &bv = a.b.mx.data;
   const int64_t rows = av.shape[0], m = av.shape[1], n = bv.shape[1];

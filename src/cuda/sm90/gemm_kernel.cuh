@@ -85,9 +85,10 @@ struct KernelConfig {
   static constexpr bool kMx = Mx_ == Mx::a || Mx_ == Mx::ab;  // MXFP8 A (registers)
   static constexpr bool kMxB = Mx_ == Mx::ab;                  // MXFP8 B, converted in shared memory
   static constexpr bool kBlk = Mx_ == Mx::blk;                 // FP8 blockwise: FP8 wgmma, promotion
-  static_assert(!kBlk || (G_ == Grouping::m && AMajor_ == Major::k && BMajor_ == Major::k && BN_ == 128 &&
-                          (E_ == Epi::store || E_ == Epi::glu_forward || E_ == Epi::glu_backward)),
-                "FP8 blockwise: m-grouped, K-major A and B (dgrad: B transposed first), BN 128");
+  static_assert(!kBlk || (AMajor_ == Major::k && BMajor_ == Major::k && BN_ == 128 &&
+                          (G_ == Grouping::m ? E_ != Epi::wgrad && E_ != Epi::glu_backward_ew : E_ == Epi::wgrad)),
+                "FP8 blockwise: K-major A and B (dgrad: B transposed first; wgrad: both token-block operands "
+                "transposed), BN 128");
   static_assert(!kMx || (G_ == Grouping::m && AMajor_ == Major::k), "MXFP8: m-grouped, K-major tokens");
   static_assert(!kMxB || E_ == Epi::store, "FP8 B: the store epilogue");
   static constexpr int kElemA = kMx || kBlk ? 1 : 2, kElemB = kMxB || kBlk ? 1 : 2;  // bytes per value in the ring
@@ -192,9 +193,15 @@ __device__ __forceinline__ Tile tile_at(const KernelParams& p, int64_t pidx, uin
     t.row0 = static_cast<int64_t>(t.m_tile) * kBlockM;
     t.row_end = p.m;
     const GroupInfo g = s.groups[t.expert];
-    t.k0 = g.begin;
-    t.k_end = g.end;
-    t.k_blocks = static_cast<int32_t>((t.k_end - t.k0 + kBlockK - 1) / kBlockK);
+    if (p.k_tiles128) {  // FP8 wgrad: the group's whole 128-token blocks in the transposed operands
+      t.k_blocks = (g.end - g.begin + 127) / 128;
+      t.k0 = static_cast<int64_t>(g.tile_start) * 128;
+      t.k_end = t.k0 + static_cast<int64_t>(t.k_blocks) * 128;
+    } else {
+      t.k0 = g.begin;
+      t.k_end = g.end;
+      t.k_blocks = static_cast<int32_t>((t.k_end - t.k0 + kBlockK - 1) / kBlockK);
+    }
   } else {
     int32_t m_pair;
     raster<kCluster>(pidx, (m_count + kCluster - 1) / kCluster, p.n_tiles, m_pair, t.n_tile);
@@ -227,7 +234,13 @@ __device__ __forceinline__ void load_b_half(const KernelParams& p, const Tile& t
   constexpr int BN = Cfg::kBlockN;
   constexpr uint16_t kBoth = 0b11;
   const int32_t e = t.b_expert;
-  if constexpr (Cfg::kGrouping == Grouping::k) {
+  if constexpr (Cfg::kGrouping == Grouping::k && Cfg::kBlk) {
+    // B^T [N, Tp] K-major: rows n of this half, 128 token bytes.
+    uint8_t* dst = sb + h * (BN / 2) * Cfg::kKBlock;
+    const int32_t n = t.n_tile * BN + h * (BN / 2);
+    if (mc) tma_load_2d_mc(mb0, bar, dst, k, n, kBoth);
+    else tma_load_2d(mb0, bar, dst, k, n);
+  } else if constexpr (Cfg::kGrouping == Grouping::k) {
     const int32_t n0 = t.n_tile * BN;
 #pragma unroll
     for (int i = h * BN / 128; i < (h + 1) * BN / 128; ++i) {
@@ -281,7 +294,10 @@ __device__ __forceinline__ void load_stage(const KernelParams& p, const Tile& t,
                                            uint8_t* sb, uint64_t* bar, const CUtensorMap* ma, const CUtensorMap* mb0,
                                            const CUtensorMap* mb1) {
   int32_t k;
-  if constexpr (Cfg::kGrouping == Grouping::k) {
+  if constexpr (Cfg::kGrouping == Grouping::k && Cfg::kBlk) {
+    k = static_cast<int32_t>(t.k0) + kb * Cfg::kKBlock;  // A^T [M, Tp] K-major: one [128 m][128 token] box
+    tma_load_2d(ma, bar, sa, k, t.m_tile * kBlockM);
+  } else if constexpr (Cfg::kGrouping == Grouping::k) {
     k = static_cast<int32_t>(t.k0) + kb * kBlockK;
     const int32_t m0 = t.m_tile * kBlockM;
 #pragma unroll
@@ -394,6 +410,33 @@ __device__ __forceinline__ BlkScales blk_scales(const KernelParams& p, const Til
     s.b[h] = __ldg(p.b_sinv + blk * p.b_kbs + kb);
   }
   return s;
+}
+
+// k-grouped (wgrad): block row b's scales of the thread's output rows (A's features m, r and r + 8)
+// and of its 32 output columns (B's features n, pairs 8j + 2(lane % 4), + 1), clamped into the
+// tensors (rows/columns past M/N are TMA zeros, never stored).
+template <int BN>
+struct WgradScales {
+  float a[2];
+  float2 b[BN / 8];
+};
+template <int BN>
+__device__ __forceinline__ void wgrad_scales(const KernelParams& p, const Tile& t, int cw, int wtid, int64_t b,
+                                             WgradScales<BN>& s) {
+  const int r = 64 * cw + 16 * (wtid / 32) + (wtid % 32) / 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    int64_t m = t.row0 + r + 8 * h;
+    if (m >= p.m) m = p.m - 1;
+    s.a[h] = __ldg(p.a_sinv + b * p.a_sinv_pitch + m);
+  }
+  // One base address and immediate offsets; N is a multiple of 8 (gemm_k_refusal), so a column
+  // group 8j .. 8j + 7 is wholly inside or wholly past N (then its scales read as 0, never stored).
+  const int64_t n0 = static_cast<int64_t>(t.n_tile) * BN;
+  const float2* sb = reinterpret_cast<const float2*>(p.b_sinv + b * p.b_sinv_pitch + n0 + 2 * ((wtid % 32) % 4));
+  const int64_t left = p.n - n0;
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) s.b[j] = 8 * j < left ? __ldg(sb + 4 * j) : make_float2(0.0f, 0.0f);
 }
 
 // ---- FP8 A: dequantize in registers, register-A wgmma ----
@@ -780,7 +823,30 @@ __global__ void __launch_bounds__(kThreads, 1)
         // loaded (global, L2) while they run, wait, release the stage, promote.
         const int wtid = ctid % 128;
         float part[BN / 2];
-        if (t.live) {
+        if (Cfg::kGrouping == Grouping::k && t.live) {
+          // wgrad: per-row and per-column scales (an outer product per k-block), loaded from L2 while
+          // the k-block's wgmmas run.
+          for (int kb = 0; kb < t.k_blocks; ++kb) {
+            mbar_wait(&full[stage], phase);
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) fence_operand(part[i]);
+            wgmma_fence();
+            mma_stage_blk<Cfg>(stage_a(stage), stage_b(stage), cw, part);
+            wgmma_commit();
+            WgradScales<BN> ws;
+            wgrad_scales<BN>(p, t, cw, wtid, t.k0 / 128 + kb, ws);
+            wgmma_wait<0>();
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) fence_operand(part[i]);
+            release(stage, false);
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) {
+              const float2 sbj = ws.b[i / 4];
+              acc[i] = fmaf(part[i], ws.a[(i / 2) % 2] * (i % 2 == 0 ? sbj.x : sbj.y), acc[i]);
+            }
+            if (++stage == kStages) stage = 0, phase ^= 1;
+          }
+        } else if (t.live) {
           BlkScales sc = blk_scales(p, t, cw, wtid, 0);
           for (int kb = 0; kb < t.k_blocks; ++kb) {
             mbar_wait(&full[stage], phase);

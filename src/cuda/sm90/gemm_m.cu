@@ -374,10 +374,11 @@ void run_gemm_m(const detail::MGemmStep& s, cudaStream_t stream) {
 }
 }  // namespace
 
-// The dgrads on FP8 wgmma (B_e [K, N] transposed into a transient [N, K] copy first): written in
-// session 9 without a GPU run, so opt-in (MXMOE_SM90_FP8_BLOCK=dgrad, read per call) until the GPU
-// tests (GpuGemmM.Fp8BlockDgrad*) have run them.
-bool fp8_dgrad_on() { return env_is("MXMOE_SM90_FP8_BLOCK", "dgrad"); }
+// The backward on FP8 wgmma (dgrads: B_e [K, N] transposed into a transient [N, K] copy first;
+// wgrads: gemm_k.cu): written in session 9 without a GPU run, so opt-in
+// (MXMOE_SM90_FP8_BLOCK=backward, read per call) until the GPU tests (GpuGemmM.Fp8BlockDgrad*,
+// GpuGemmK.Fp8Block*, GpuLayer.Fp8BlockwiseWithFp8Backward*) have run them.
+bool fp8_dgrad_on() { return env_is("MXMOE_SM90_FP8_BLOCK", "backward"); }
 
 bool fp8_block_kernel_takes(const detail::MGemmStep& s) {
   static const bool off = env_is("MXMOE_SM90_FP8_BLOCK", "dequant");

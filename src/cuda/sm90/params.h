@@ -68,6 +68,11 @@ struct KernelParams {
   int64_t a_sinv_pitch = 0;
   const float* b_sinv = nullptr;
   int32_t b_nbs = 0, b_kbs = 0;
+  // k-grouped FP8 blockwise (wgrad): both operands are token blocks transposed to [M or N, Tp]
+  // (transpose_token_blocks), group e's k-blocks the 128-column blocks tile_start_e ..; A's scales
+  // [block rows][a_sinv_pitch = M], B's [block rows][b_sinv_pitch = N].
+  bool k_tiles128 = false;
+  int64_t b_sinv_pitch = 0;
 
   // store / wgrad
   void* d = nullptr;      // m-grouped store: [T, n] (bf16 or f32)

@@ -3,7 +3,7 @@
 # label included), compute-sanitizer memcheck and racecheck over the kernel tests, the main job on
 # its GPU default (dsv3), the benchmark and the torch peer beside it. Logs go to $OUT (or ./out).
 # GoogleTest is not installed there: carry a copy in .deps/gtest (see docs/gpu_machine.md).
-#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench|moe]...   (default: all but kernels, ncu, moe)
+#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench|moe|fp8]...   (default: all but kernels, ncu, moe, fp8)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-out}")
@@ -84,6 +84,26 @@ for s in $steps; do
       summary "peer" "rc=$rc"
       [ $rc -eq 0 ] || tail -30 "$B/peer.log"
       [ -f "$OUT/bench.md" ] && sed '/^## All rows/q' "$OUT/bench.md" ;;  # header, layer vs compile, memory
+    fp8)
+      # The FP8-blockwise kernels (issue 10): every *Fp8* GPU test (the ones of the opt-in FP8 backward
+      # set MXMOE_SM90_FP8_BLOCK=backward themselves), memcheck over the GEMM ones, the SASS of the FP8
+      # kernels (QGMMA), and mxmoe bench on FP8_PRESET (default dsv3, skewed) with the forward on FP8
+      # wgmma and the backward dequantized (default), then the whole backward on FP8 wgmma too.
+      timeout ${FP8_TIMEOUT:-180} $B/tests/mxmoe_gpu_tests --gtest_filter='*Fp8*' >"$OUT/fp8_tests.log" 2>&1; rc=$?
+      summary "fp8 tests" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/fp8_tests.log" | tr '\n' ' ')"
+      grep -E '^\[  FAILED  \]|Failure$|reference' "$OUT/fp8_tests.log" | head -20
+      timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/mxmoe_gpu_tests \
+        --gtest_filter='*GpuGemm*Fp8*/cuda_sm90' >"$OUT/fp8_memcheck.log" 2>&1; rc=$?
+      summary "fp8 memcheck" "rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/fp8_memcheck.log" | tail -1)"
+      for o in $(find $B -name 'gemm_m_blk.cu.o' -o -name 'gemm_k.cu.o'); do
+        summary "sass $(basename $o)" "QGMMA $(cuobjdump -sass "$o" 2>/dev/null | grep -c QGMMA)"
+      done
+      for mode in default backward; do
+        env $([ $mode = backward ] && echo MXMOE_SM90_FP8_BLOCK=backward) timeout 120 $B/mxmoe bench --preset ${FP8_PRESET:-dsv3} \
+          --skew --recipe fp8_blockwise --pow2-scales >"$OUT/fp8_bench_$mode.log" 2>&1
+        summary "fp8 bench ($mode)" "rc=$?"
+        grep -E '^  ' "$OUT/fp8_bench_$mode.log" | cut -c1-110
+      done ;;
     moe)
       # bench/moe_block_peer.py with the built extension: mxmoe permute/unpermute against PyTorch ops
       # (argsort, gathers, index_add; eager and torch.compile) and the device copy, and the whole MoE block

@@ -124,6 +124,7 @@ void run_gemm_k_blk(const KGroupedGemmArgs& a, cudaStream_t stream) {
   p.a_sinv_pitch = m;
   p.b_sinv = static_cast<const float*>(a.b.mx.scales.data);
   p.b_sinv_pitch = n;
+  p.stagger_ns = fp8_stagger_ns();
   const CUtensorMap ma = make_tensor_map_u8_sw128("a", at, {static_cast<uint64_t>(tp), static_cast<uint64_t>(m)},
                                                   {static_cast<uint64_t>(tp)}, {kFp8Block, kBlockM});
   const CUtensorMap mb = make_tensor_map_u8_sw128("b", bt, {static_cast<uint64_t>(tp), static_cast<uint64_t>(n)},

@@ -807,6 +807,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     };
+    // FP8 blockwise: both warp groups promote after their own k-block's wgmmas, so in lockstep the
+    // tensor core idles while both promote. An opt-in start offset of the second warp group
+    // (p.stagger_ns, MXMOE_SM90_FP8_STAGGER_NS; a measurement knob, 0 by default) lets one promote
+    // while the other's wgmmas run, if the offset persists.
+    if constexpr (Cfg::kBlk) {
+      if (cw == 1 && p.stagger_ns > 0) __nanosleep(static_cast<unsigned>(p.stagger_ns));
+    }
     for (int64_t idx = first; idx < total; idx += step) {
       const Tile t = tile_at<Cfg::kGrouping, kCluster>(p, idx, rank, m_count);
       if (t.live) epilogue_prefetch<Cfg>(p, t, cw, ctid, epi_smem);

@@ -5,6 +5,8 @@ Reads the JSON that `mxmoe bench --json FILE` wrote (its rows, and the exact tok
 preset/split) and times, on the same shapes and splits, what a Hopper user runs today:
   - torch._grouped_mm BF16 (device-side int32 offsets) for each GEMM of the layer: FC1/FC2 fprop,
     FC2/FC1 dgrad (m-grouped), FC2/FC1 wgrad (k-grouped); plain GEMMs, no epilogue;
+  - torch._scaled_grouped_mm FP8 (E4M3, fp32 row-wise scales, use_fast_accum) on the same shapes, the
+    operands quantized beforehand (not timed), where the recipe is fp8_blockwise (--no-fp8 skips it);
   - the BF16 layer (grouped_mm -> GLU activation of the preset * router prob -> grouped_mm),
     forward and forward+backward (autograd), EAGER and under torch.compile;
   - the peak GPU memory of one forward+backward of the eager and of the compiled layer.
@@ -205,7 +207,61 @@ def peer_gemms(H, Fd, E, T, offs_exact, offs_r, args):
         c = _cell(lambda f=gemms[op], o=o: median_ms(lambda: f(o), args.warmup, args.iters))
         c["offsets"] = "exact" if exact else "rounded16"
         out[op] = {"eager": c}
+    if getattr(args, "fp8", False):
+        try:
+            fp8 = fp8_rowwise_gemms(x, dy, w1, w2, a, dc, E)
+        except Exception as e:  # noqa: BLE001
+            fp8 = {op: (lambda o, e=e: (_ for _ in ()).throw(e)) for op in GEMM_OPS}
+        for op in GEMM_OPS:
+            o = offs_exact if op in M_GROUPED and not args.round_all else offs_r
+            c = _cell(lambda f=fp8[op], o=o: median_ms(lambda: f(o), args.warmup, args.iters))
+            c["offsets"] = out[op]["eager"]["offsets"]
+            out[op]["fp8_rowwise"] = c
     return out
+
+
+def _rowwise_fp8(t, dim):
+    """E4M3 copy of t with fp32 scales along `dim` (amax / 448 per slice over the other axis), and the
+    scales: the row-wise FP8 recipe torch._scaled_grouped_mm takes."""
+    import torch
+    amax = t.abs().amax(dim=dim, keepdim=True).float().clamp_min(1e-12)
+    scale = amax / 448.0
+    q = (t.float() / scale).to(torch.float8_e4m3fn)
+    return q, scale.squeeze(dim).contiguous()
+
+
+def fp8_rowwise_gemms(x, dy, w1, w2, a, dc, E):
+    """Each GEMM of the layer as one torch._scaled_grouped_mm call (FP8 row-wise; mat_a row-major,
+    mat_b column-major, as the op requires), operands quantized once here. The wgrad (2D x 2D)
+    scales are one per row per group: the global row scale repeated per expert (timing only)."""
+    import torch
+    sgm = torch._scaled_grouped_mm
+    bf = torch.bfloat16
+    x8, sx = _rowwise_fp8(x, 1)        # [T, H], [T]
+    dy8, sdy = _rowwise_fp8(dy, 1)
+    a8, sa = _rowwise_fp8(a, 1)        # [T, F]
+    dc8, sdc = _rowwise_fp8(dc, 1)     # [T, 2F]
+    w1q, sw1 = _rowwise_fp8(w1, 2)     # [E, 2F, H] along H -> [E, 2F]: fprop's B^T rows
+    w2q, sw2 = _rowwise_fp8(w2, 2)     # [E, H, F] along F -> [E, H]
+    w1tq, sw1t = _rowwise_fp8(w1.transpose(-2, -1).contiguous(), 2)  # [E, H, 2F] along 2F -> [E, H]
+    w2tq, sw2t = _rowwise_fp8(w2.transpose(-2, -1).contiguous(), 2)  # [E, F, H] along H -> [E, F]
+    dyT8, sdyT = _rowwise_fp8(dy.t().contiguous(), 1)  # [H, T], [H]
+    dcT8, sdcT = _rowwise_fp8(dc.t().contiguous(), 1)  # [2F, T]
+    aT8, saT = _rowwise_fp8(a.t().contiguous(), 1)     # [F, T]: a as column-major [T, F]
+    xT8, sxT = _rowwise_fp8(x.t().contiguous(), 1)     # [H, T]
+    rep = lambda s: s.repeat(E).contiguous()  # noqa: E731  (2D x 2D: a scale per row per group)
+    sdyT_e, sdcT_e, saT_e, sxT_e = rep(sdyT), rep(sdcT), rep(saT), rep(sxT)
+
+    def call(ma, mb, sa_, sb_):
+        return lambda o: sgm(ma, mb, sa_, sb_, offs=o, out_dtype=bf, use_fast_accum=True)
+    return {
+        "fc1_fprop": call(x8, w1q.transpose(-2, -1), sx, sw1),    # [T,H] x [E,H,2F] col-major
+        "fc2_fprop": call(a8, w2q.transpose(-2, -1), sa, sw2),    # [T,F] x [E,F,H]
+        "fc2_dgrad": call(dy8, w2tq.transpose(-2, -1), sdy, sw2t),  # [T,H] x [E,H,F]
+        "fc1_dgrad": call(dc8, w1tq.transpose(-2, -1), sdc, sw1t),  # [T,2F] x [E,2F,H]
+        "fc2_wgrad": call(dyT8, aT8.t(), sdyT_e, saT_e),          # [H,T] x [T,F] per expert
+        "fc1_wgrad": call(dcT8, xT8.t(), sdcT_e, sxT_e),          # [2F,T] x [T,H] per expert
+    }
 
 
 def peer_split(split, args, over_budget):
@@ -431,6 +487,12 @@ def combine(mx, peer_splits):
             out[f"{variant}_ms"] = ms
             out[f"{variant}_tflops"] = flops / ms * 1e-9 if (flops and ms) else None
             out[f"{variant}_ratio"] = ms / r["ms"] if (ms and r["ms"] > 0) else None
+        c = ops.get("fp8_rowwise") if r["op"] in GEMM_OPS else None
+        out["fp8_cell"] = c
+        ms = c.get("ms") if c else None
+        out["fp8_ms"] = ms
+        out["fp8_tflops"] = flops / ms * 1e-9 if (flops and ms) else None
+        out["fp8_ratio"] = ms / r["ms"] if (ms and r["ms"] > 0) else None
         if r["op"] in GEMM_OPS:
             out["target_vs_eager"] = GEMM_TARGET
         elif r["recipe"] in LAYER_COMPILE_TARGET:
@@ -557,6 +619,28 @@ def build_markdown(meta, mx, peer_splits, rows):
     L.append("")
 
     # ---- every row ----
+    # ---- fp8_blockwise GEMMs: against BF16 grouped_mm (the bars) and FP8 row-wise scaled_grouped_mm ----
+    fp8_rows = [r for r in rows if r["op"] in GEMM_OPS and str(r["recipe"]).startswith("fp8_blockwise")]
+    if fp8_rows:
+        L.append("## FP8-blockwise GEMMs against torch._grouped_mm BF16 and torch._scaled_grouped_mm FP8 row-wise")
+        L.append("")
+        L.append("Bars (issue 10): at least 1.8x BF16 `torch._grouped_mm` (fprop, dgrad), 1.5x (wgrad). The FP8 "
+                 "row-wise peer: E4M3 operands with one fp32 scale per row (per row per group for the wgrad), "
+                 "quantized before the timing, `use_fast_accum=True`; mxmoe's rows include its epilogues.")
+        L.append("")
+        L.append("| preset | split | op | recipe | mxmoe ms | mxmoe TFLOP/s | bf16 grouped_mm ms | bf16/mxmoe | bar | "
+                 "fp8 row-wise ms | fp8 row-wise TFLOP/s | fp8/mxmoe |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for r in fp8_rows:
+            bar = 1.5 if r["op"].endswith("wgrad") else 1.8
+            ratio = r["eager_ratio"]
+            verdict = "" if ratio is None else ("meets" if ratio >= bar else "below")
+            f_txt = _cell_text(r["fp8_cell"])[0] if r.get("fp8_cell") else "not measured"
+            L.append(f"| {r['preset']} | {r['split']} | {r['op']} | {r['recipe']} | {_fmt_ms(r['mxmoe_ms'])} | "
+                     f"{_tf(r['mxmoe_tflops'])} | {_cell_text(r['eager_cell'])[0]} | {_ratio(ratio)} | "
+                     f"{bar:.1f} {verdict} | {f_txt} | {_tf(r.get('fp8_tflops'))} | {_ratio(r.get('fp8_ratio'))} |")
+        L.append("")
+
     L.append("## All rows")
     L.append("")
     L.append("torch ms = eager `torch._grouped_mm` for GEMMs, the eager layer for layer rows; "
@@ -754,7 +838,9 @@ def _synthetic():
             mx["splits"].append({"preset": name, "split": split, "hidden": H, "ffn": F, "experts": E, "tokens": T,
                                  "sizes": sizes})
             thf = T * H * F
-            for recipe, eff in (("mxfp8", 180e12), ("bf16", 300e12)):
+            for recipe, eff in (("mxfp8", 180e12), ("bf16", 300e12), ("fp8_blockwise_pow2", 1200e12)):
+                if recipe.startswith("fp8") and name != "dsv3":
+                    continue
                 for op in ["layer_fwd", "layer_fwd_bwd", "quantize_x"] + GEMM_OPS:
                     if op == "quantize_x":
                         if recipe == "mxfp8":
@@ -766,6 +852,9 @@ def _synthetic():
                                        "tflops": FLOP_FACTOR[op] * thf / ms * 1e-9, "gbps": 0.0})
             ops = {op: {"eager": {"ms": FLOP_FACTOR[op] * thf / 600e12 * 1e3,
                                   "offsets": "exact" if op in M_GROUPED else "rounded16"}} for op in GEMM_OPS}
+            if name == "dsv3":  # the FP8 row-wise peer, measured where mxmoe has fp8_blockwise rows
+                for op in GEMM_OPS:
+                    ops[op]["fp8_rowwise"] = {"ms": FLOP_FACTOR[op] * thf / 1000e12 * 1e3}
             ops["layer_fwd"] = {"eager": {"ms": 6 * thf / 550e12 * 1e3}, "compile": {"ms": 6 * thf / 600e12 * 1e3}}
             ops["layer_fwd_bwd"] = {"eager": {"ms": 18 * thf / 480e12 * 1e3},
                                     "compile": {"ms": 18 * thf / 320e12 * 1e3}}
@@ -817,6 +906,11 @@ def selftest(out_dir=None):
     assert "## Peer errors" in md and "fc2_wgrad (eager)" in md
     assert "mxmoe's JSON carries no peak-memory field" in md
     assert "quantize_x" not in table
+    # fp8_blockwise rows: their section, with the bar verdicts and the FP8 row-wise ratio (1200 vs 1000)
+    fp8_sec = md.split("## FP8-blockwise GEMMs")[1].split("## All rows")[0]
+    assert "| dsv3 | balanced | fc1_fprop | fp8_blockwise_pow2 | " in fp8_sec and "1.8 meets" in fp8_sec, fp8_sec
+    r = next(r for r in rows if r["recipe"] == "fp8_blockwise_pow2" and r["op"] == "fc2_wgrad" and r["split"] == "skew")
+    assert abs(r["fp8_ratio"] - 1.2) < 1e-9 and abs(r["eager_ratio"] - 2.0) < 1e-9, r
     with open(os.path.join(tmp, "peer.json")) as f:
         pj = json.load(f)
     assert len(pj["rows"]) == n_expected and pj["peer"][0]["ops"]["fc1_fprop"]["eager"]["ms"] > 0
@@ -856,6 +950,9 @@ def main():
     ap.add_argument("--round-all", action="store_true",
                     help="run the m-grouped GEMMs on the 16-rounded split too (default: mxmoe's exact split)")
     ap.add_argument("--only", default=None, help="comma-separated presets to measure (default: every split)")
+    ap.add_argument("--no-fp8", action="store_true",
+                    help="skip the torch._scaled_grouped_mm FP8 row-wise GEMMs (measured when mxmoe's JSON has "
+                         "fp8_blockwise rows)")
     ap.add_argument("--selftest", action="store_true", help="build the report from synthetic JSON (no torch/GPU)")
     args = ap.parse_args()
     if args.selftest:
@@ -867,6 +964,7 @@ def main():
     if args.out_dir:
         os.makedirs(args.out_dir, exist_ok=True)
     mx = load_mxmoe(args.mxmoe_json)
+    args.fp8 = not args.no_fp8 and any(str(r.get("recipe", "")).startswith("fp8_blockwise") for r in mx["rows"])
 
     import torch
     if not torch.cuda.is_available():

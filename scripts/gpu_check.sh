@@ -98,10 +98,10 @@ for s in $steps; do
       for o in $(find $B -name 'gemm_m_blk.cu.o' -o -name 'gemm_k.cu.o'); do
         summary "sass $(basename $o)" "QGMMA $(cuobjdump -sass "$o" 2>/dev/null | grep -c QGMMA)"
       done
-      # stagger: the FP8 kernels' second consumer warp group starts FP8_STAGGER_NS (default 300) later.
-      for mode in default backward stagger; do
+      # staged: the FP8 kernels' scales staged in shared memory by the producer (MXMOE_SM90_FP8_SCALES).
+      for mode in default backward staged; do
         env $([ $mode = backward ] && echo MXMOE_SM90_FP8_BLOCK=backward) \
-          $([ $mode = stagger ] && echo MXMOE_SM90_FP8_STAGGER_NS=${FP8_STAGGER_NS:-300}) \
+          $([ $mode = staged ] && echo MXMOE_SM90_FP8_SCALES=staged) \
           timeout 120 $B/mxmoe bench --preset ${FP8_PRESET:-dsv3} \
           --skew --recipe fp8_blockwise --pow2-scales >"$OUT/fp8_bench_$mode.log" 2>&1
         summary "fp8 bench ($mode)" "rc=$?"

@@ -257,9 +257,14 @@ void expect_fp8_block_store_ok(detail::Backend& backend, const Fp8Case& c, doubl
 }
 #endif
 
+// Both scale sources of cuda_sm90's FP8 kernels: loaded by the consumers (default) and staged in
+// shared memory by the producer (MXMOE_SM90_FP8_SCALES=staged, a measurement variant).
 TEST_P(GpuGemmM, Fp8BlockStoreMatchesTheBlockRuleForFp32AndPow2Scales) {
 #if defined(MXMOE_WITH_CUDA)
+  for (const char* scales : {static_cast<const char*>(nullptr), "staged"})
   for (bool pow2 : {false, true}) {
+    SCOPED_TRACE(scales ? "MXMOE_SM90_FP8_SCALES=staged" : "scales from L2");
+    EnvOverride env("MXMOE_SM90_FP8_SCALES", scales);
     expect_fp8_block_store_ok(backend(), {{0, 1, 127, 129, 300, 0}, 256, 128, pow2}, 3e-4);
     expect_fp8_block_store_ok(backend(), {{37, 0, 130}, 2880, 1408 + 64, pow2}, 3e-4);  // K, N tails of 128
     expect_fp8_block_store_ok(backend(), {{0, 0, 0}, 128, 64, pow2}, 3e-4);
@@ -273,9 +278,11 @@ TEST_P(GpuGemmM, Fp8BlockStoreMatchesTheBlockRuleForFp32AndPow2Scales) {
 // path on transposed weights; fp32 scales too).
 TEST_P(GpuGemmM, Fp8BlockDgradMatchesTheBlockRule) {
 #if defined(MXMOE_WITH_CUDA)
-  for (bool fp8_kernels : {false, true}) {
-    SCOPED_TRACE(fp8_kernels ? "MXMOE_SM90_FP8_BLOCK=backward" : "default");
+  for (int mode : {0, 1, 2}) {  // default; FP8 backward; FP8 backward with staged scales
+    const bool fp8_kernels = mode > 0;
+    SCOPED_TRACE(mode == 0 ? "default" : mode == 1 ? "MXMOE_SM90_FP8_BLOCK=backward" : "backward, staged scales");
     EnvOverride env("MXMOE_SM90_FP8_BLOCK", fp8_kernels ? "backward" : nullptr);
+    EnvOverride env2("MXMOE_SM90_FP8_SCALES", mode == 2 ? "staged" : nullptr);
     for (bool pow2 : {true, false}) {
       if (!pow2 && !fp8_kernels) continue;
       expect_fp8_block_store_ok(backend(), {{0, 1, 127, 129, 300, 0}, 256, 128, pow2, true}, 3e-4);
@@ -441,9 +448,11 @@ void expect_fp8_block_wgrad_ok(detail::Backend& backend, const std::vector<int>&
 // on transposed whole-block operands; fp32 scales too).
 TEST_P(GpuGemmK, Fp8BlockMatchesTheBlockRule) {
 #if defined(MXMOE_WITH_CUDA)
-  for (bool fp8_kernels : {false, true}) {
-    SCOPED_TRACE(fp8_kernels ? "MXMOE_SM90_FP8_BLOCK=backward" : "default");
+  for (int mode : {0, 1, 2}) {  // default; FP8 backward; FP8 backward with staged scales
+    const bool fp8_kernels = mode > 0;
+    SCOPED_TRACE(mode == 0 ? "default" : mode == 1 ? "MXMOE_SM90_FP8_BLOCK=backward" : "backward, staged scales");
     EnvOverride env("MXMOE_SM90_FP8_BLOCK", fp8_kernels ? "backward" : nullptr);
+    EnvOverride env2("MXMOE_SM90_FP8_SCALES", mode == 2 ? "staged" : nullptr);
     for (bool pow2 : {true, false}) {
       if (!pow2 && !fp8_kernels) continue;
       expect_fp8_block_wgrad_ok(backend(), {0, 1, 127, 129, 300, 0}, 128, 256, pow2, false, DType::f32);

@@ -98,8 +98,11 @@ TEST_P(GpuLayer, MatchesCpuReferenceAtSameQuantizationPoints) {
 // token blocks) against the CPU at the same-points tolerance, power-of-two and fp32 scales.
 TEST_P(GpuLayer, Fp8BlockwiseWithFp8BackwardMatchesCpu) {
   EnvOverride env("MXMOE_SM90_FP8_BLOCK", "backward");
+  for (const char* scales : {static_cast<const char*>(nullptr), "staged"})  // MXMOE_SM90_FP8_SCALES
   for (GpuCase c : cases()) {
     if (c.problem.recipe != Recipe::fp8_blockwise) continue;
+    EnvOverride env2("MXMOE_SM90_FP8_SCALES", scales);
+    SCOPED_TRACE(scales ? "staged scales" : "scales from L2");
     for (bool pow2 : {true, false}) {
       if (!pow2 && backend_name() != "cuda_sm90") continue;  // fp32 scales: only the FP8 kernels take them
       c.problem.pow2_scales = pow2;

@@ -19,6 +19,7 @@ using Wgrad = KernelConfig<kWgradN, Major::mn, Major::mn, Grouping::k, Epi::wgra
 // FP8 blockwise wgrad: FP8 wgmma on both token-block operands transposed to [M or N, Tp]
 // (gemm_kernel.cuh Mx::blk, k-grouped), CTA pairs sharing B.
 using BlkWgrad = KernelConfig<kBlkN, Major::k, Major::k, Grouping::k, Epi::wgrad, 2, Mx::blk>;
+using SBlkWgrad = KernelConfig<kBlkN, Major::k, Major::k, Grouping::k, Epi::wgrad, 2, Mx::blk_staged>;  // staged scales
 constexpr int64_t kStandIn = 256;  // bytes a tensor map over no tokens points at
 }  // namespace
 
@@ -124,12 +125,13 @@ void run_gemm_k_blk(const KGroupedGemmArgs& a, cudaStream_t stream) {
   p.a_sinv_pitch = m;
   p.b_sinv = static_cast<const float*>(a.b.mx.scales.data);
   p.b_sinv_pitch = n;
-  p.stagger_ns = fp8_stagger_ns();
   const CUtensorMap ma = make_tensor_map_u8_sw128("a", at, {static_cast<uint64_t>(tp), static_cast<uint64_t>(m)},
                                                   {static_cast<uint64_t>(tp)}, {kFp8Block, kBlockM});
   const CUtensorMap mb = make_tensor_map_u8_sw128("b", bt, {static_cast<uint64_t>(tp), static_cast<uint64_t>(n)},
                                                   {static_cast<uint64_t>(tp)}, {kFp8Block, kBlkN / 2});
-  launch<BlkWgrad>(p, static_cast<int64_t>(experts) * p.m_tiles * p.n_tiles, ma, mb, mb, stream);
+  const int64_t tiles = static_cast<int64_t>(experts) * p.m_tiles * p.n_tiles;
+  if (fp8_scales_staged()) launch<SBlkWgrad>(p, tiles, ma, mb, mb, stream);
+  else launch<BlkWgrad>(p, tiles, ma, mb, mb, stream);
 }
 }  // namespace
 

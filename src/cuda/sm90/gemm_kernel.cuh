@@ -74,8 +74,14 @@ inline constexpr int kEwEpiBytes = kBlockM * BN * 4 + kEwWarps * 2 * BN * 4;
 //           epilogue (BN 128 halves the work per epilogue against the BF16 tiles): what would move
 //           it is overlapping them (two partial tiles in flight; or ping-pong consumers, one in its
 //           epilogue while the other runs its mainloop). ptxas: no spills for store and glu_forward;
-//           glu_backward 36 bytes of spill stores (its epilogue).
-enum class Mx : uint8_t { none, a, ab, blk };
+//           glu_backward 36 bytes of spill stores (its epilogue), the L2-scale wgrad 32 bytes.
+//           (A __nanosleep start offset of the second warp group, tried as a knob, made ptxas
+//           spill in glu_forward, so it was taken out again.)
+//   Mx::blk_staged  the same, with the scales staged per stage in shared memory by warps 1-3 of the
+//           producer warp group (as the MXFP8 scale loaders; CUTLASS stages them through its producer
+//           too) instead of each consumer loading its own from L2; opt-in MXMOE_SM90_FP8_SCALES=staged
+//           (gemm_m_blk.cu, gemm_k.cu), a measurement variant, not yet run on a GPU.
+enum class Mx : uint8_t { none, a, ab, blk, blk_staged };
 template <int BN_, Major AMajor_, Major BMajor_, Grouping G_, Epi E_, int Cluster_ = 1, Mx Mx_ = Mx::none>
 struct KernelConfig {
   static constexpr int kBlockN = BN_;
@@ -84,7 +90,9 @@ struct KernelConfig {
   static constexpr Epi kEpi = E_;
   static constexpr bool kMx = Mx_ == Mx::a || Mx_ == Mx::ab;  // MXFP8 A (registers)
   static constexpr bool kMxB = Mx_ == Mx::ab;                  // MXFP8 B, converted in shared memory
-  static constexpr bool kBlk = Mx_ == Mx::blk;                 // FP8 blockwise: FP8 wgmma, promotion
+  static constexpr bool kBlk = Mx_ == Mx::blk || Mx_ == Mx::blk_staged;  // FP8 blockwise: FP8 wgmma, promotion
+  static constexpr bool kBlkStaged = Mx_ == Mx::blk_staged;             // its scales staged in shared memory
+  static constexpr bool kLoaders = kMx || kBlkStaged;  // warps 1-3 of the producer warp group stage scales
   static_assert(!kBlk || (AMajor_ == Major::k && BMajor_ == Major::k && BN_ == 128 &&
                           (G_ == Grouping::m ? E_ != Epi::wgrad && E_ != Epi::glu_backward_ew : E_ == Epi::wgrad)),
                 "FP8 blockwise: K-major A and B (dgrad: B transposed first; wgrad: both token-block operands "
@@ -100,7 +108,11 @@ struct KernelConfig {
   static constexpr int kBBufBytes = kBlockN * kBlockK * 2;
   // MXFP8: each stage's E8M0 scales, staged by the scale loaders: A [128 rows] u16 (blocks 2kb,
   // 2kb + 1), then (FP8 B) B [BN rows] u16 (row-wise) or [2 blocks][BN columns] bytes (column-wise).
-  static constexpr int kScaleBytes = kMx ? 2 * kBlockM + (kMxB ? 2 * kBlockN : 0) : 0;
+  // FP8 blockwise, staged: f32 A row scales [128], then B's: [BN] column scales (wgrad) or the two
+  // column halves' block scales (padded to 128 bytes, keeping the epilogue area 128-byte aligned).
+  static constexpr int kScaleBytes = kMx           ? 2 * kBlockM + (kMxB ? 2 * kBlockN : 0)
+                                     : kBlkStaged ? 4 * kBlockM + (G_ == Grouping::k ? 4 * BN_ : 128)
+                                                  : 0;
   // The epilogue's shared memory (epilogue.cuh): a 64-row x 256-byte output stage per consumer warp
   // group; glu_backward: two such buffers per warp group and the db1 column partials;
   // glu_backward_ew: the fp32 hand-off tile (128 x BN) and the epilogue warps' db1 partials.
@@ -439,6 +451,56 @@ __device__ __forceinline__ void wgrad_scales(const KernelParams& p, const Tile& 
   for (int j = 0; j < BN / 8; ++j) s.b[j] = 8 * j < left ? __ldg(sb + 4 * j) : make_float2(0.0f, 0.0f);
 }
 
+// FP8 blockwise, staged: one loader warp fills a stage's scale slot (lane l: A rows l + 32 j, and B's
+// columns l + 32 j (wgrad) or the two column halves' block scales), every load issued before any store.
+template <class Cfg>
+__device__ __forceinline__ void load_blk_scales(const KernelParams& p, const Tile& t, int kb, int lane, uint8_t* dst) {
+  constexpr int BN = Cfg::kBlockN;
+  float* f = reinterpret_cast<float*>(dst);
+  float va[kBlockM / 32], vb[BN / 32];
+  if constexpr (Cfg::kGrouping == Grouping::k) {
+    const int64_t b = t.k0 / 128 + kb, n0 = static_cast<int64_t>(t.n_tile) * BN;
+#pragma unroll
+    for (int j = 0; j < kBlockM / 32; ++j) {
+      int64_t m = t.row0 + lane + 32 * j;
+      if (m >= p.m) m = p.m - 1;
+      va[j] = __ldg(p.a_sinv + b * p.a_sinv_pitch + m);
+    }
+#pragma unroll
+    for (int j = 0; j < BN / 32; ++j) {
+      const int64_t n = n0 + lane + 32 * j;
+      vb[j] = n < p.n ? __ldg(p.b_sinv + b * p.b_sinv_pitch + n) : 0.0f;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kBlockM / 32; ++j) {
+      int64_t row = t.row0 + lane + 32 * j;
+      if (row >= p.rows) row = p.rows - 1;
+      va[j] = __ldg(p.a_sinv + static_cast<int64_t>(kb) * p.a_sinv_pitch + row);
+    }
+    vb[0] = lane < 2 ? __ldg(p.b_sinv + (static_cast<int64_t>(t.b_expert) * p.b_nbs + blk_b_block(p, t, lane)) * p.b_kbs + kb)
+                     : 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < kBlockM / 32; ++j) f[lane + 32 * j] = va[j];
+  if constexpr (Cfg::kGrouping == Grouping::k) {
+#pragma unroll
+    for (int j = 0; j < BN / 32; ++j) f[kBlockM + lane + 32 * j] = vb[j];
+  } else {
+    if (lane < 2) f[kBlockM + lane] = vb[0];
+  }
+}
+__device__ __forceinline__ float lds_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ float2 lds_f32x2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+  return v;
+}
+
 // ---- FP8 A: dequantize in registers, register-A wgmma ----
 // E8M0 byte -> its f32 power of two: 2^(s - 127); 0 is 2^-127 (an f32 subnormal), 255 is NaN
 // (docs/numerics.md "Scale rule"), as e8m0_to_f32.
@@ -694,12 +756,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t rank = kCluster > 1 ? cluster_rank() : 0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], Cfg::kMx ? 1 + kLoaderThreads : 1);  // the TMA producer (and the MXFP8 scale loaders)
+      // the TMA producer, and the scale loaders: all 96 (MXFP8) or the one warp whose turn the stage
+      // is (FP8 blockwise, staged: the warps take the k-blocks in turn)
+      mbar_init(&full[s], Cfg::kMx ? 1 + kLoaderThreads : Cfg::kBlkStaged ? 1 + 32 : 1);
       // BF16: one arrival per consumer warp group of the pair (wgmma read the stage; wgmma.wait_group
       // retired it for the whole warp group). MXFP8: every consumer thread of this CTA (each read A
       // and the scales with ordinary loads, which only its own arrival orders before the refill, as
       // racecheck sees it) and one per consumer warp of the peer.
-      mbar_init(&empty[s], Cfg::kMx ? kConsumerThreads + 8 * (kCluster - 1) : 2 * kCluster);
+      mbar_init(&empty[s], Cfg::kLoaders ? kConsumerThreads + 8 * (kCluster - 1) : 2 * kCluster);
     }
     if constexpr (Cfg::kEpi == Epi::glu_backward_ew) {
       // Every thread that wrote (consumers) or read (epilogue warps) the hand-off tile arrives.
@@ -754,19 +818,29 @@ __global__ void __launch_bounds__(kThreads, 1)
           hphase ^= 1;
         }
       }
-    } else if constexpr (Cfg::kMx) {
+    } else if constexpr (Cfg::kLoaders) {
       if (threadIdx.x >= 32) {
         // The scale loaders: the stage's A and B scales, in the producer's order; each of the 96
         // threads arrives on the full barrier after its stores.
         const int lt = threadIdx.x - 32;
         int stage = 0;
         uint32_t phase = 0;
+        int turn = 0;  // FP8 blockwise, staged: k-block count mod 3; loader warp lt / 32 takes its turns
         for (int64_t idx = first; idx < total; idx += step) {
           const Tile t = tile_at<Cfg::kGrouping, kCluster>(p, idx, rank, m_count);
           for (int kb = 0; kb < t.k_blocks; ++kb) {
-            mbar_wait(&empty[stage], phase ^ 1);
-            if (t.live) load_scales<Cfg>(p, t, kb, lt, scl(stage));
-            mbar_arrive(&full[stage]);
+            if constexpr (Cfg::kBlkStaged) {
+              if (turn == lt / 32) {
+                mbar_wait(&empty[stage], phase ^ 1);
+                if (t.live) load_blk_scales<Cfg>(p, t, kb, lt % 32, scl(stage));
+                mbar_arrive(&full[stage]);
+              }
+              turn = turn == 2 ? 0 : turn + 1;
+            } else {
+              mbar_wait(&empty[stage], phase ^ 1);
+              if (t.live) load_scales<Cfg>(p, t, kb, lt, scl(stage));
+              mbar_arrive(&full[stage]);
+            }
             if (++stage == kStages) stage = 0, phase ^= 1;
           }
         }
@@ -784,7 +858,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // `zeroed`: this CTA wrote the stage with ordinary stores (k-grouped tail), which the peer's
     // multicast must not overtake: release at cluster scope then.
     auto release = [&](int s, bool zeroed) {
-      if constexpr (Cfg::kMx) {
+      if constexpr (Cfg::kLoaders) {
         // Every thread arrives on this CTA's barrier (shared::cta address) after its loads of the
         // stage (FP8 A fragments, scales): racecheck flagged the scale loaders' refill against
         // lanes that had not arrived themselves, after __syncwarp and one lane's arrival too. The
@@ -807,13 +881,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     };
-    // FP8 blockwise: both warp groups promote after their own k-block's wgmmas, so in lockstep the
-    // tensor core idles while both promote. An opt-in start offset of the second warp group
-    // (p.stagger_ns, MXMOE_SM90_FP8_STAGGER_NS; a measurement knob, 0 by default) lets one promote
-    // while the other's wgmmas run, if the offset persists.
-    if constexpr (Cfg::kBlk) {
-      if (cw == 1 && p.stagger_ns > 0) __nanosleep(static_cast<unsigned>(p.stagger_ns));
-    }
     for (int64_t idx = first; idx < total; idx += step) {
       const Tile t = tile_at<Cfg::kGrouping, kCluster>(p, idx, rank, m_count);
       if (t.live) epilogue_prefetch<Cfg>(p, t, cw, ctid, epi_smem);
@@ -841,7 +908,16 @@ __global__ void __launch_bounds__(kThreads, 1)
             mma_stage_blk<Cfg>(stage_a(stage), stage_b(stage), cw, part);
             wgmma_commit();
             WgradScales<BN> ws;
-            wgrad_scales<BN>(p, t, cw, wtid, t.k0 / 128 + kb, ws);
+            if constexpr (Cfg::kBlkStaged) {  // this stage's slot: rows r, r + 8; columns 8j + 2q, + 1
+              const uint32_t sc0 = smem_addr(scl(stage));
+              const int r = 64 * cw + 16 * (wtid / 32) + (wtid % 32) / 4;
+              ws.a[0] = lds_f32(sc0 + 4 * r);
+              ws.a[1] = lds_f32(sc0 + 4 * (r + 8));
+#pragma unroll
+              for (int j = 0; j < BN / 8; ++j) ws.b[j] = lds_f32x2(sc0 + 4 * (kBlockM + 8 * j + 2 * ((wtid % 32) % 4)));
+            } else {
+              wgrad_scales<BN>(p, t, cw, wtid, t.k0 / 128 + kb, ws);
+            }
             wgmma_wait<0>();
 #pragma unroll
             for (int i = 0; i < BN / 2; ++i) fence_operand(part[i]);
@@ -854,29 +930,60 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (++stage == kStages) stage = 0, phase ^= 1;
           }
         } else if (t.live) {
-          BlkScales sc = blk_scales(p, t, cw, wtid, 0);
-          for (int kb = 0; kb < t.k_blocks; ++kb) {
-            mbar_wait(&full[stage], phase);
+          if constexpr (Cfg::kBlkStaged) {
+            // m-grouped, staged scales: read from this stage's slot before the stage is released.
+            const int r = 64 * cw + 16 * (wtid / 32) + (wtid % 32) / 4;
+            for (int kb = 0; kb < t.k_blocks; ++kb) {
+              mbar_wait(&full[stage], phase);
+              const uint32_t sc0 = smem_addr(scl(stage));
+              BlkScales sc;
+              sc.a[0] = lds_f32(sc0 + 4 * r);
+              sc.a[1] = lds_f32(sc0 + 4 * (r + 8));
+              sc.b[0] = lds_f32(sc0 + 4 * kBlockM);
+              sc.b[1] = lds_f32(sc0 + 4 * (kBlockM + 1));
 #pragma unroll
-            for (int i = 0; i < BN / 2; ++i) fence_operand(part[i]);
-            wgmma_fence();
-            mma_stage_blk<Cfg>(stage_a(stage), stage_b(stage), cw, part);
-            wgmma_commit();
-            const BlkScales next = kb + 1 < t.k_blocks ? blk_scales(p, t, cw, wtid, kb + 1) : sc;
-            wgmma_wait<0>();
+              for (int i = 0; i < BN / 2; ++i) fence_operand(part[i]);
+              wgmma_fence();
+              mma_stage_blk<Cfg>(stage_a(stage), stage_b(stage), cw, part);
+              wgmma_commit();
+              wgmma_wait<0>();
 #pragma unroll
-            for (int i = 0; i < BN / 2; ++i) fence_operand(part[i]);
-            release(stage, false);
-            float s[2][2];
+              for (int i = 0; i < BN / 2; ++i) fence_operand(part[i]);
+              release(stage, false);
+              float s2[2][2];
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
+              for (int h = 0; h < 2; ++h)
 #pragma unroll
-              for (int c = 0; c < 2; ++c) s[h][c] = sc.a[h] * sc.b[c];
-            // acc[4j + 2h + i]: row half h, column 8j + ..: columns < BN/2 (j < BN/16) are half 0.
+                for (int c = 0; c < 2; ++c) s2[h][c] = sc.a[h] * sc.b[c];
 #pragma unroll
-            for (int i = 0; i < BN / 2; ++i) acc[i] = fmaf(part[i], s[(i / 2) % 2][i / 4 < BN / 16 ? 0 : 1], acc[i]);
-            sc = next;
-            if (++stage == kStages) stage = 0, phase ^= 1;
+              for (int i = 0; i < BN / 2; ++i) acc[i] = fmaf(part[i], s2[(i / 2) % 2][i / 4 < BN / 16 ? 0 : 1], acc[i]);
+              if (++stage == kStages) stage = 0, phase ^= 1;
+            }
+          } else {
+            BlkScales sc = blk_scales(p, t, cw, wtid, 0);
+            for (int kb = 0; kb < t.k_blocks; ++kb) {
+              mbar_wait(&full[stage], phase);
+#pragma unroll
+              for (int i = 0; i < BN / 2; ++i) fence_operand(part[i]);
+              wgmma_fence();
+              mma_stage_blk<Cfg>(stage_a(stage), stage_b(stage), cw, part);
+              wgmma_commit();
+              const BlkScales next = kb + 1 < t.k_blocks ? blk_scales(p, t, cw, wtid, kb + 1) : sc;
+              wgmma_wait<0>();
+#pragma unroll
+              for (int i = 0; i < BN / 2; ++i) fence_operand(part[i]);
+              release(stage, false);
+              float s[2][2];
+#pragma unroll
+              for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) s[h][c] = sc.a[h] * sc.b[c];
+              // acc[4j + 2h + i]: row half h, column 8j + ..: columns < BN/2 (j < BN/16) are half 0.
+#pragma unroll
+              for (int i = 0; i < BN / 2; ++i) acc[i] = fmaf(part[i], s[(i / 2) % 2][i / 4 < BN / 16 ? 0 : 1], acc[i]);
+              sc = next;
+              if (++stage == kStages) stage = 0, phase ^= 1;
+            }
           }
         } else {
           for (int kb = 0; kb < t.k_blocks; ++kb) {

@@ -200,7 +200,6 @@ MPlan plan_gemm_m(const detail::MGemmStep& s, int bn, Workspace& ws, cudaStream_
     p.b_sinv = static_cast<const float*>(g.b.scales.dense.data);
     p.b_nbs = static_cast<int32_t>(ceil_div(bd.shape[1], kFp8Block));
     p.b_kbs = static_cast<int32_t>(ceil_div(bd.shape[2], kFp8Block));
-    p.stagger_ns = fp8_stagger_ns();
     plan.launch_tiles = static_cast<int64_t>(m_tiles_bound(rows, experts, kBlockM)) * p.n_tiles;
     const char* lin = static_cast<const char*>(w);
     if (glu_fwd && s.glu_layout == GluLayout::halves) {
@@ -380,14 +379,6 @@ void run_gemm_m(const detail::MGemmStep& s, cudaStream_t stream) {
 // (MXMOE_SM90_FP8_BLOCK=backward, read per call) until the GPU tests (GpuGemmM.Fp8BlockDgrad*,
 // GpuGemmK.Fp8Block*, GpuLayer.Fp8BlockwiseWithFp8Backward*) have run them.
 bool fp8_dgrad_on() { return env_is("MXMOE_SM90_FP8_BLOCK", "backward"); }
-
-int32_t fp8_stagger_ns() {
-  const char* e = std::getenv("MXMOE_SM90_FP8_STAGGER_NS");
-  if (e == nullptr) return 0;
-  char* end = nullptr;
-  const long v = std::strtol(e, &end, 10);
-  return end != e && *end == '\0' && v >= 0 && v <= 100000 ? static_cast<int32_t>(v) : 0;
-}
 
 bool fp8_block_kernel_takes(const detail::MGemmStep& s) {
   static const bool off = env_is("MXMOE_SM90_FP8_BLOCK", "dequant");

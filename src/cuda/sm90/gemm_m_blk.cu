@@ -4,6 +4,9 @@
 // parallel with the BF16 and MXFP8 kernels).
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "src/cuda/common/check.h"
 #include "src/cuda/sm90/gemm_m_plan.h"
 #include "src/cuda/sm90/launch.cuh"
@@ -15,15 +18,31 @@ constexpr int kPair = 2;  // CTA pairs along M sharing (multicasting) the B tile
 using BlkStore = KernelConfig<kBlkN, Major::k, Major::k, Grouping::m, Epi::store, kPair, Mx::blk>;
 using BlkGluFwd = KernelConfig<kBlkN, Major::k, Major::k, Grouping::m, Epi::glu_forward, kPair, Mx::blk>;
 using BlkGluBwd = KernelConfig<kBlkN, Major::k, Major::k, Grouping::m, Epi::glu_backward, kPair, Mx::blk>;
+// The same with the scales staged in shared memory by the producer's idle warps (opt-in
+// MXMOE_SM90_FP8_SCALES=staged; a measurement variant, not yet run on a GPU).
+using SBlkStore = KernelConfig<kBlkN, Major::k, Major::k, Grouping::m, Epi::store, kPair, Mx::blk_staged>;
+using SBlkGluFwd = KernelConfig<kBlkN, Major::k, Major::k, Grouping::m, Epi::glu_forward, kPair, Mx::blk_staged>;
+using SBlkGluBwd = KernelConfig<kBlkN, Major::k, Major::k, Grouping::m, Epi::glu_backward, kPair, Mx::blk_staged>;
+
+template <class Store, class GluFwd, class GluBwd>
+void launch_epilogue(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t stream) {
+  switch (s.epilogue) {
+    case detail::Epilogue::glu_forward: launch<GluFwd>(plan.params, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream); break;
+    case detail::Epilogue::glu_backward: launch<GluBwd>(plan.params, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream); break;
+    case detail::Epilogue::store: launch<Store>(plan.params, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream); break;
+  }
+}
 
 }  // namespace
 
+bool fp8_scales_staged() {
+  const char* e = std::getenv("MXMOE_SM90_FP8_SCALES");
+  return e != nullptr && std::string(e) == "staged";
+}
+
 void launch_gemm_m_blk(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t stream) {
-  switch (s.epilogue) {
-    case detail::Epilogue::glu_forward: launch<BlkGluFwd>(plan.params, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream); break;
-    case detail::Epilogue::glu_backward: launch<BlkGluBwd>(plan.params, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream); break;
-    case detail::Epilogue::store: launch<BlkStore>(plan.params, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream); break;
-  }
+  if (fp8_scales_staged()) launch_epilogue<SBlkStore, SBlkGluFwd, SBlkGluBwd>(s, plan, stream);
+  else launch_epilogue<BlkStore, BlkGluFwd, BlkGluBwd>(s, plan, stream);
 }
 
 }  // namespace mxmoe::cuda::sm90

@@ -35,9 +35,9 @@ bool fp8_b_in_kernel();
 // gemm_m_blk.cu: the FP8-wgmma kernel of a planned fp8_blockwise step (plan_gemm_m with kBlkN):
 // store, glu_forward or glu_backward, B_e [N, K] (a dgrad's weights transposed first).
 inline constexpr int kBlkN = 128;
-// MXMOE_SM90_FP8_STAGGER_NS (0 when unset or not a number in [0, 100000]): KernelParams::stagger_ns
-// of the FP8-blockwise kernels, a knob for measuring warp-group staggering.
-int32_t fp8_stagger_ns();
+// MXMOE_SM90_FP8_SCALES=staged: the FP8-blockwise kernels with their scales staged in shared memory
+// by the producer's warps 1-3 (gemm_kernel.cuh Mx::blk_staged), a measurement variant.
+bool fp8_scales_staged();
 void launch_gemm_m_blk(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t stream);
 
 // The k-grouped (wgrad) GEMM, likewise: tile width `bn` along N, 128 along M.

@@ -73,7 +73,6 @@ struct KernelParams {
   // [block rows][a_sinv_pitch = M], B's [block rows][b_sinv_pitch = N].
   bool k_tiles128 = false;
   int64_t b_sinv_pitch = 0;
-  int32_t stagger_ns = 0;  // FP8 blockwise: start offset of the second consumer warp group (gemm_kernel.cuh)
 
   // store / wgrad
   void* d = nullptr;      // m-grouped store: [T, n] (bf16 or f32)

@@ -168,6 +168,22 @@ TEST_P(GpuGemmM, StoreHandlesAllEmptySingleExpertAndSkewedSplits) {
 }
 
 #if defined(MXMOE_WITH_CUDA)
+// body(pow2) in the three fp8_blockwise backward modes of cuda_sm90, each with its switches set: the
+// default (power-of-two scales only: BF16 kernels on dequantized operands), the FP8 backward
+// (MXMOE_SM90_FP8_BLOCK=backward; fp32 scales too), and that with staged scales
+// (MXMOE_SM90_FP8_SCALES=staged). Other backends ignore the switches.
+template <class F>
+void for_each_fp8_backward_mode(F body) {
+  for (int mode : {0, 1, 2}) {
+    const bool fp8_kernels = mode > 0;
+    SCOPED_TRACE(mode == 0 ? "default" : mode == 1 ? "MXMOE_SM90_FP8_BLOCK=backward" : "backward, staged scales");
+    EnvOverride env("MXMOE_SM90_FP8_BLOCK", fp8_kernels ? "backward" : nullptr);
+    EnvOverride env2("MXMOE_SM90_FP8_SCALES", mode == 2 ? "staged" : nullptr);
+    for (bool pow2 : {true, false})
+      if (pow2 || fp8_kernels) body(pow2);
+  }
+}
+
 // FP8 blockwise (fp32 or power-of-two scales): the store epilogue against the CPU block rule
 // (cpu::fp8_gemm_fprop). cuda_sm90 runs it on FP8 wgmma with promotion every 128: the wgmma's partial
 // sums differ from the CPU's exact ascending fp32 ones in their order and in the tensor core's own
@@ -278,18 +294,11 @@ TEST_P(GpuGemmM, Fp8BlockStoreMatchesTheBlockRuleForFp32AndPow2Scales) {
 // path on transposed weights; fp32 scales too).
 TEST_P(GpuGemmM, Fp8BlockDgradMatchesTheBlockRule) {
 #if defined(MXMOE_WITH_CUDA)
-  for (int mode : {0, 1, 2}) {  // default; FP8 backward; FP8 backward with staged scales
-    const bool fp8_kernels = mode > 0;
-    SCOPED_TRACE(mode == 0 ? "default" : mode == 1 ? "MXMOE_SM90_FP8_BLOCK=backward" : "backward, staged scales");
-    EnvOverride env("MXMOE_SM90_FP8_BLOCK", fp8_kernels ? "backward" : nullptr);
-    EnvOverride env2("MXMOE_SM90_FP8_SCALES", mode == 2 ? "staged" : nullptr);
-    for (bool pow2 : {true, false}) {
-      if (!pow2 && !fp8_kernels) continue;
-      expect_fp8_block_store_ok(backend(), {{0, 1, 127, 129, 300, 0}, 256, 128, pow2, true}, 3e-4);
-      expect_fp8_block_store_ok(backend(), {{37, 0, 130}, 1408 + 64, 2880, pow2, true}, 3e-4);
-      expect_fp8_block_store_ok(backend(), {{513, 2, 1}, 400, 208, pow2, true}, 3e-4);
-    }
-  }
+  for_each_fp8_backward_mode([&](bool pow2) {
+    expect_fp8_block_store_ok(backend(), {{0, 1, 127, 129, 300, 0}, 256, 128, pow2, true}, 3e-4);
+    expect_fp8_block_store_ok(backend(), {{37, 0, 130}, 1408 + 64, 2880, pow2, true}, 3e-4);
+    expect_fp8_block_store_ok(backend(), {{513, 2, 1}, 400, 208, pow2, true}, 3e-4);
+  });
 #endif
 }
 
@@ -448,19 +457,12 @@ void expect_fp8_block_wgrad_ok(detail::Backend& backend, const std::vector<int>&
 // on transposed whole-block operands; fp32 scales too).
 TEST_P(GpuGemmK, Fp8BlockMatchesTheBlockRule) {
 #if defined(MXMOE_WITH_CUDA)
-  for (int mode : {0, 1, 2}) {  // default; FP8 backward; FP8 backward with staged scales
-    const bool fp8_kernels = mode > 0;
-    SCOPED_TRACE(mode == 0 ? "default" : mode == 1 ? "MXMOE_SM90_FP8_BLOCK=backward" : "backward, staged scales");
-    EnvOverride env("MXMOE_SM90_FP8_BLOCK", fp8_kernels ? "backward" : nullptr);
-    EnvOverride env2("MXMOE_SM90_FP8_SCALES", mode == 2 ? "staged" : nullptr);
-    for (bool pow2 : {true, false}) {
-      if (!pow2 && !fp8_kernels) continue;
-      expect_fp8_block_wgrad_ok(backend(), {0, 1, 127, 129, 300, 0}, 128, 256, pow2, false, DType::f32);
-      expect_fp8_block_wgrad_ok(backend(), {37, 0, 130, 5}, 200, 136, pow2, true, DType::f32);
-      expect_fp8_block_wgrad_ok(backend(), {256, 3}, 64, 72, pow2, false, DType::bf16);
-      expect_fp8_block_wgrad_ok(backend(), {0, 0, 0}, 64, 64, pow2, false, DType::f32);
-    }
-  }
+  for_each_fp8_backward_mode([&](bool pow2) {
+    expect_fp8_block_wgrad_ok(backend(), {0, 1, 127, 129, 300, 0}, 128, 256, pow2, false, DType::f32);
+    expect_fp8_block_wgrad_ok(backend(), {37, 0, 130, 5}, 200, 136, pow2, true, DType::f32);
+    expect_fp8_block_wgrad_ok(backend(), {256, 3}, 64, 72, pow2, false, DType::bf16);
+    expect_fp8_block_wgrad_ok(backend(), {0, 0, 0}, 64, 64, pow2, false, DType::f32);
+  });
 #endif
 }
 

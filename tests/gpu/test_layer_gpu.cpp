@@ -80,16 +80,22 @@ void expect_bit_identical(const LayerOutputs& a, const LayerOutputs& b, const Pr
 class GpuLayer : public GpuBackendTest {};
 MXMOE_GPU_BACKEND_SUITE(GpuLayer);
 
+// The case on the GPU (backend preferred) against the CPU backend at the same-points tolerance; no
+// step may have run on the CPU.
+void expect_case_matches_cpu(const std::string& backend, const GpuCase& c) {
+  LayerData d = make_layer_data(c.problem, c.sizes, c.weight_gain);
+  Context cpu({.backend = "cpu"});
+  Context gpu(prefer_backend(backend));
+  LayerOutputs ref = run_layer(cpu, Device{}, d);
+  LayerOutputs out = run_layer(gpu, Device{DeviceType::cuda, 0}, d);
+  expect_close(out, ref, c.problem, c.name);
+  for (const StepRecord& r : out.report) EXPECT_NE(r.backend, "cpu") << r.step;
+}
+
 TEST_P(GpuLayer, MatchesCpuReferenceAtSameQuantizationPoints) {
   for (const GpuCase& c : cases()) {
     SCOPED_TRACE(std::string(c.name) + " recipe=" + to_string(c.problem.recipe));
-    LayerData d = make_layer_data(c.problem, c.sizes, c.weight_gain);
-    Context cpu({.backend = "cpu"});
-    Context gpu(prefer_backend(backend_name()));
-    LayerOutputs ref = run_layer(cpu, Device{}, d);
-    LayerOutputs out = run_layer(gpu, Device{DeviceType::cuda, 0}, d);
-    expect_close(out, ref, c.problem, c.name);
-    for (const StepRecord& r : out.report) EXPECT_NE(r.backend, "cpu") << r.step;
+    expect_case_matches_cpu(backend_name(), c);
   }
 }
 
@@ -107,12 +113,7 @@ TEST_P(GpuLayer, Fp8BlockwiseWithFp8BackwardMatchesCpu) {
       if (!pow2 && backend_name() != "cuda_sm90") continue;  // fp32 scales: only the FP8 kernels take them
       c.problem.pow2_scales = pow2;
       SCOPED_TRACE(std::string(c.name) + (pow2 ? " pow2" : " fp32 scales") + " with MXMOE_SM90_FP8_BLOCK=backward");
-      LayerData d = make_layer_data(c.problem, c.sizes, c.weight_gain);
-      Context cpu({.backend = "cpu"});
-      Context gpu(prefer_backend(backend_name()));
-      LayerOutputs ref = run_layer(cpu, Device{}, d);
-      LayerOutputs out = run_layer(gpu, Device{DeviceType::cuda, 0}, d);
-      expect_close(out, ref, c.problem, c.name);
+      expect_case_matches_cpu(backend_name(), c);
     }
   }
 }

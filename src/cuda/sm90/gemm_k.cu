@@ -43,6 +43,23 @@ std::string gemm_k_refusal(const KGroupedGemmArgs& a) {
   return {};
 }
 
+namespace {
+// The k-grouped kernels' shape and output fields: D_e [m, n] (fp32 with beta 0/1, or bf16) in tiles of
+// 128 x bn.
+void wgrad_params(const KGroupedGemmArgs& a, int64_t rows, int64_t m, int64_t n, int bn, KernelParams& p) {
+  p.experts = static_cast<int32_t>(a.offsets.experts());
+  p.rows = rows;
+  p.m = m;
+  p.n = n;
+  p.m_tiles = static_cast<int32_t>((m + kBlockM - 1) / kBlockM);
+  p.n_tiles = static_cast<int32_t>((n + bn - 1) / bn);
+  const DType out_dt = a.d.per_expert() ? a.d.dtype : a.d.dense.dtype;
+  p.d_f32 = out_dt == DType::f32;
+  p.accumulate = a.accumulate && p.d_f32;
+  p.d_experts = expert_ptrs(a.d, m * n, p.d_f32 ? 4 : 2);
+}
+}  // namespace
+
 int64_t gemm_k_workspace_bytes(const KGroupedGemmArgs& a) {
   return group_schedule_bytes(a.offsets.experts(), a.a.bf16.shape[0], 0) + Workspace::aligned(kStandIn);
 }
@@ -54,16 +71,7 @@ KPlan plan_gemm_k(const KGroupedGemmArgs& a, int bn, Workspace& ws, cudaStream_t
   KPlan plan;
   KernelParams& p = plan.params;
   if (experts <= 0 || m == 0 || n == 0) return plan;
-  p.experts = static_cast<int32_t>(experts);
-  p.rows = rows;
-  p.m = m;
-  p.n = n;
-  p.m_tiles = static_cast<int32_t>((m + kBlockM - 1) / kBlockM);
-  p.n_tiles = static_cast<int32_t>((n + bn - 1) / bn);
-  const DType out_dt = a.d.per_expert() ? a.d.dtype : a.d.dense.dtype;
-  p.d_f32 = out_dt == DType::f32;
-  p.accumulate = a.accumulate && p.d_f32;
-  p.d_experts = expert_ptrs(a.d, m * n, p.d_f32 ? 4 : 2);
+  wgrad_params(a, rows, m, n, bn, p);
   p.sched = build_group_schedule(a.offsets.data(), experts, rows, 0, ws, stream);
   // T = 0 has no tensor to map; every group is then empty and the kernel only writes zeros (or
   // nothing), so the maps point at a one-row stand-in that no TMA ever reads.
@@ -109,18 +117,8 @@ void run_gemm_k_blk(const KGroupedGemmArgs& a, cudaStream_t stream) {
   transpose_token_blocks(a.a.mx, a.offsets, at, tp, stream);
   transpose_token_blocks(a.b.mx, a.offsets, bt, tp, stream);
   KernelParams p;
-  p.experts = static_cast<int32_t>(experts);
-  p.rows = rows;
-  p.m = m;
-  p.n = n;
-  p.m_tiles = static_cast<int32_t>((m + kBlockM - 1) / kBlockM);
-  p.n_tiles = static_cast<int32_t>((n + kBlkN - 1) / kBlkN);
-  const DType out_dt = a.d.per_expert() ? a.d.dtype : a.d.dense.dtype;
-  p.d_f32 = out_dt == DType::f32;
-  p.accumulate = a.accumulate && p.d_f32;
-  p.d_experts = expert_ptrs(a.d, m * n, p.d_f32 ? 4 : 2);
+  wgrad_params(a, rows, m, n, kBlkN, p);
   p.sched = build_group_schedule(a.offsets.data(), experts, rows, kFp8Block, tmp, stream);  // tile_start per group
-  p.k_tiles128 = true;
   p.a_sinv = static_cast<const float*>(a.a.mx.scales.data);
   p.a_sinv_pitch = m;
   p.b_sinv = static_cast<const float*>(a.b.mx.scales.data);

@@ -188,7 +188,9 @@ __device__ __forceinline__ void raster(int64_t i, int32_t m_pairs, int32_t n_til
   m_pair = band * kBand + (rem - n_tile * size);
 }
 
-template <Grouping G, int kCluster>
+// kTiles128 (the FP8 blockwise kernels; used by the k-grouped one, the wgrad): a group's k-blocks are its whole 128-token blocks
+// in the transposed operands.
+template <Grouping G, int kCluster, bool kTiles128 = false>
 __device__ __forceinline__ Tile tile_at(const KernelParams& p, int64_t pidx, uint32_t rank, int32_t m_count) {
   Tile t;
   const GroupSchedule& s = p.sched;
@@ -205,7 +207,7 @@ __device__ __forceinline__ Tile tile_at(const KernelParams& p, int64_t pidx, uin
     t.row0 = static_cast<int64_t>(t.m_tile) * kBlockM;
     t.row_end = p.m;
     const GroupInfo g = s.groups[t.expert];
-    if (p.k_tiles128) {  // FP8 wgrad: the group's whole 128-token blocks in the transposed operands
+    if constexpr (kTiles128) {  // FP8 wgrad: the group's whole 128-token blocks in the transposed operands
       t.k_blocks = (g.end - g.begin + 127) / 128;
       t.k0 = static_cast<int64_t>(g.tile_start) * 128;
       t.k_end = t.k0 + static_cast<int64_t>(t.k_blocks) * 128;
@@ -406,6 +408,32 @@ __device__ __forceinline__ void mma_stage_blk(const uint8_t* sa, const uint8_t* 
 struct BlkScales {
   float a[2], b[2];
 };
+// One k-block of an FP8-blockwise consumer: issue its wgmmas into `part` and commit; retire them
+// (wait 0); promote: acc[4j + 2h + i] += part * s_a(row half h) s_b(column half: j < BN/16 is 0).
+template <class Cfg>
+__device__ __forceinline__ void blk_issue(const uint8_t* sa, const uint8_t* sb, int cw, float (&part)[Cfg::kBlockN / 2]) {
+#pragma unroll
+  for (int i = 0; i < Cfg::kBlockN / 2; ++i) fence_operand(part[i]);
+  wgmma_fence();
+  mma_stage_blk<Cfg>(sa, sb, cw, part);
+  wgmma_commit();
+}
+template <int BN>
+__device__ __forceinline__ void blk_retire(float (&part)[BN / 2]) {
+  wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) fence_operand(part[i]);
+}
+template <int BN>
+__device__ __forceinline__ void blk_promote(float (&acc)[BN / 2], const float (&part)[BN / 2], const BlkScales& sc) {
+  float s[2][2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) s[h][c] = sc.a[h] * sc.b[c];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) acc[i] = fmaf(part[i], s[(i / 2) % 2][i / 4 < BN / 16 ? 0 : 1], acc[i]);
+}
 __device__ __forceinline__ int32_t blk_b_block(const KernelParams& p, const Tile& t, int half) {
   if (p.b_load == BLoad::glu_halves) return static_cast<int32_t>((half * p.ffn + static_cast<int64_t>(t.n_tile) * 64) / 128);
   return t.n_tile;  // k_rows: rows n_tile*128..; glu_interleave32: W1 rows 2 f0 .. 2 f0 + 127, f0 = 64 n_tile
@@ -797,7 +825,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       int stage = 0;
       uint32_t phase = 0;
       for (int64_t idx = first; idx < total; idx += step) {
-        const Tile t = tile_at<Cfg::kGrouping, kCluster>(p, idx, rank, m_count);
+        const Tile t = tile_at<Cfg::kGrouping, kCluster, Cfg::kBlk>(p, idx, rank, m_count);
         for (int kb = 0; kb < t.k_blocks; ++kb) {
           mbar_wait(&empty[stage], phase ^ 1);
           mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytes);
@@ -810,7 +838,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // The epilogue warps: the consumers' tiles in the same order, each from the hand-off tile.
         uint32_t hphase = 0;
         for (int64_t idx = first; idx < total; idx += step) {
-          const Tile t = tile_at<Cfg::kGrouping, kCluster>(p, idx, rank, m_count);
+          const Tile t = tile_at<Cfg::kGrouping, kCluster, Cfg::kBlk>(p, idx, rank, m_count);
           if (!t.live) continue;
           mbar_wait(&hand[0], hphase);
           epilogue_warps_glu_backward<BN>(p, t, threadIdx.x / 32 - 1, threadIdx.x % 32, epi_smem);
@@ -827,7 +855,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         uint32_t phase = 0;
         int turn = 0;  // FP8 blockwise, staged: k-block count mod 3; loader warp lt / 32 takes its turns
         for (int64_t idx = first; idx < total; idx += step) {
-          const Tile t = tile_at<Cfg::kGrouping, kCluster>(p, idx, rank, m_count);
+          const Tile t = tile_at<Cfg::kGrouping, kCluster, Cfg::kBlk>(p, idx, rank, m_count);
           for (int kb = 0; kb < t.k_blocks; ++kb) {
             if constexpr (Cfg::kBlkStaged) {
               if (turn == lt / 32) {
@@ -881,8 +909,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     };
+    // A tile this CTA does not compute (the dummy of a pair): its stages are waited for and released.
+    auto drain = [&](int k_blocks) {
+      for (int kb = 0; kb < k_blocks; ++kb) {
+        mbar_wait(&full[stage], phase);
+        release(stage, false);
+        if (++stage == kStages) stage = 0, phase ^= 1;
+      }
+    };
     for (int64_t idx = first; idx < total; idx += step) {
-      const Tile t = tile_at<Cfg::kGrouping, kCluster>(p, idx, rank, m_count);
+      const Tile t = tile_at<Cfg::kGrouping, kCluster, Cfg::kBlk>(p, idx, rank, m_count);
       if (t.live) epilogue_prefetch<Cfg>(p, t, cw, ctid, epi_smem);
       float acc[BN / 2];
 #pragma unroll
@@ -902,11 +938,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           // the k-block's wgmmas run.
           for (int kb = 0; kb < t.k_blocks; ++kb) {
             mbar_wait(&full[stage], phase);
-#pragma unroll
-            for (int i = 0; i < BN / 2; ++i) fence_operand(part[i]);
-            wgmma_fence();
-            mma_stage_blk<Cfg>(stage_a(stage), stage_b(stage), cw, part);
-            wgmma_commit();
+            blk_issue<Cfg>(stage_a(stage), stage_b(stage), cw, part);
             WgradScales<BN> ws;
             if constexpr (Cfg::kBlkStaged) {  // this stage's slot: rows r, r + 8; columns 8j + 2q, + 1
               const uint32_t sc0 = smem_addr(scl(stage));
@@ -918,9 +950,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             } else {
               wgrad_scales<BN>(p, t, cw, wtid, t.k0 / 128 + kb, ws);
             }
-            wgmma_wait<0>();
-#pragma unroll
-            for (int i = 0; i < BN / 2; ++i) fence_operand(part[i]);
+            blk_retire<BN>(part);
             release(stage, false);
 #pragma unroll
             for (int i = 0; i < BN / 2; ++i) {
@@ -941,56 +971,27 @@ __global__ void __launch_bounds__(kThreads, 1)
               sc.a[1] = lds_f32(sc0 + 4 * (r + 8));
               sc.b[0] = lds_f32(sc0 + 4 * kBlockM);
               sc.b[1] = lds_f32(sc0 + 4 * (kBlockM + 1));
-#pragma unroll
-              for (int i = 0; i < BN / 2; ++i) fence_operand(part[i]);
-              wgmma_fence();
-              mma_stage_blk<Cfg>(stage_a(stage), stage_b(stage), cw, part);
-              wgmma_commit();
-              wgmma_wait<0>();
-#pragma unroll
-              for (int i = 0; i < BN / 2; ++i) fence_operand(part[i]);
+              blk_issue<Cfg>(stage_a(stage), stage_b(stage), cw, part);
+              blk_retire<BN>(part);
               release(stage, false);
-              float s2[2][2];
-#pragma unroll
-              for (int h = 0; h < 2; ++h)
-#pragma unroll
-                for (int c = 0; c < 2; ++c) s2[h][c] = sc.a[h] * sc.b[c];
-#pragma unroll
-              for (int i = 0; i < BN / 2; ++i) acc[i] = fmaf(part[i], s2[(i / 2) % 2][i / 4 < BN / 16 ? 0 : 1], acc[i]);
+              blk_promote<BN>(acc, part, sc);
               if (++stage == kStages) stage = 0, phase ^= 1;
             }
           } else {
             BlkScales sc = blk_scales(p, t, cw, wtid, 0);
             for (int kb = 0; kb < t.k_blocks; ++kb) {
               mbar_wait(&full[stage], phase);
-#pragma unroll
-              for (int i = 0; i < BN / 2; ++i) fence_operand(part[i]);
-              wgmma_fence();
-              mma_stage_blk<Cfg>(stage_a(stage), stage_b(stage), cw, part);
-              wgmma_commit();
+              blk_issue<Cfg>(stage_a(stage), stage_b(stage), cw, part);
               const BlkScales next = kb + 1 < t.k_blocks ? blk_scales(p, t, cw, wtid, kb + 1) : sc;
-              wgmma_wait<0>();
-#pragma unroll
-              for (int i = 0; i < BN / 2; ++i) fence_operand(part[i]);
+              blk_retire<BN>(part);
               release(stage, false);
-              float s[2][2];
-#pragma unroll
-              for (int h = 0; h < 2; ++h)
-#pragma unroll
-                for (int c = 0; c < 2; ++c) s[h][c] = sc.a[h] * sc.b[c];
-              // acc[4j + 2h + i]: row half h, column 8j + ..: columns < BN/2 (j < BN/16) are half 0.
-#pragma unroll
-              for (int i = 0; i < BN / 2; ++i) acc[i] = fmaf(part[i], s[(i / 2) % 2][i / 4 < BN / 16 ? 0 : 1], acc[i]);
+              blk_promote<BN>(acc, part, sc);
               sc = next;
               if (++stage == kStages) stage = 0, phase ^= 1;
             }
           }
         } else {
-          for (int kb = 0; kb < t.k_blocks; ++kb) {
-            mbar_wait(&full[stage], phase);
-            release(stage, false);
-            if (++stage == kStages) stage = 0, phase ^= 1;
-          }
+          drain(t.k_blocks);
         }
       } else if constexpr (Cfg::kMx && !Cfg::kMxB) {
         // FP8 A, BF16 B in the stage. Per k16 step kk: issue the wgmma of kk (A fragment a[kk] in
@@ -1022,11 +1023,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (++stage == kStages) stage = 0, phase ^= 1;
           }
         } else {
-          for (int kb = 0; kb < t.k_blocks; ++kb) {
-            mbar_wait(&full[stage], phase);
-            release(stage, false);
-            if (++stage == kStages) stage = 0, phase ^= 1;
-          }
+          drain(t.k_blocks);
         }
       } else if constexpr (Cfg::kMxB) {
         // Per k-block kb, for each k16 step kk: issue the wgmma of kk (its A fragment a[kk] is in
@@ -1098,11 +1095,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int kb = 0; kb + 1 < t.k_blocks; ++kb) k_block(std::true_type{});
           if (t.k_blocks > 0) k_block(std::false_type{});
         } else {
-          for (int kb = 0; kb < t.k_blocks; ++kb) {
-            mbar_wait(&full[stage], phase);
-            release(stage, false);
-            if (++stage == kStages) stage = 0, phase ^= 1;
-          }
+          drain(t.k_blocks);
         }
       } else
       for (int kb = 0; kb < t.k_blocks; ++kb) {

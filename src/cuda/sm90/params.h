@@ -69,9 +69,8 @@ struct KernelParams {
   const float* b_sinv = nullptr;
   int32_t b_nbs = 0, b_kbs = 0;
   // k-grouped FP8 blockwise (wgrad): both operands are token blocks transposed to [M or N, Tp]
-  // (transpose_token_blocks), group e's k-blocks the 128-column blocks tile_start_e ..; A's scales
-  // [block rows][a_sinv_pitch = M], B's [block rows][b_sinv_pitch = N].
-  bool k_tiles128 = false;
+  // (transpose_token_blocks), group e's k-blocks the 128-column blocks tile_start_e .. (tile_at's
+  // kTiles128); A's scales [block rows][a_sinv_pitch = M], B's [block rows][b_sinv_pitch = N].
   int64_t b_sinv_pitch = 0;
 
   // store / wgrad

@@ -311,10 +311,8 @@ int64_t prepare_memory(const Problem& p, bool copies) {
   return n;
 }
 
-// Whether prepare_weights keeps bf16 copies of the dequantized weights: asked for, the recipe's
-// sm90 GEMMs read them (mxfp8; fp8_blockwise with power-of-two scales, whose GEMMs run on the
-// dequantized weights), and cuda_sm90 serves the device and is neither denied nor overridden by a
-// forced backend.
+}  // namespace
+
 bool want_bf16_copies(const Context& ctx, const Problem& p, const WeightsArgs& w, Device d) {
   const bool reads = p.recipe == Recipe::mxfp8 || (p.recipe == Recipe::fp8_blockwise && p.pow2_scales);
   if (!reads || !w.bf16_copies || d.type != DeviceType::cuda) return false;
@@ -327,6 +325,8 @@ bool want_bf16_copies(const Context& ctx, const Problem& p, const WeightsArgs& w
     if (b.name == sm90) return b.available;
   return false;
 }
+
+namespace {
 
 LayerStep prepare_step(LayerStep step) {
   step.label = "prepare." + step.label;

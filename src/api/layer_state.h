@@ -65,6 +65,11 @@ struct OwnedExpertMxfp8 {
             operand.dequantized.dense, operand.format, pow2_scales};
   }
 };
+// Whether bf16 copies of the dequantized weights pay (prepare_weights, and `mxmoe bench`'s step
+// operands): asked for (w.bf16_copies), the recipe's sm90 GEMMs read them (mxfp8; fp8_blockwise with
+// power-of-two scales, whose GEMMs run on the dequantized weights), and cuda_sm90 serves device d
+// and is neither denied nor overridden by a forced backend (src/api/grouped_mlp.cpp).
+bool want_bf16_copies(const Context& ctx, const Problem& p, const WeightsArgs& w, Device d);
 OwnedExpertMxfp8 make_expert_mxfp8(const Options& o, Device d, int64_t experts, int64_t rows, int64_t cols,
                                    BlockAxis axis, ScaleLayout layout);
 int64_t expert_quant_bytes(const QuantSpec& q, int64_t experts, int64_t rows, int64_t cols, BlockAxis axis,

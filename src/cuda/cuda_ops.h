@@ -1,6 +1,7 @@
 // Device-side steps shared by the CUDA backends. Every function enqueues on `stream`, never
 // synchronises the host and never reads group offsets on the host.
 #pragma once
+#include "src/cuda/common/workspace.h"
 #include "src/dispatch/backend.h"
 
 namespace mxmoe::cuda {
@@ -14,6 +15,16 @@ void quantize_experts(const detail::QuantizeExpertsStep& s, void* stream);
 // reference's dequantized value.
 void dequantize_experts(const uint8_t* data, const uint8_t* scales, int64_t experts, int64_t rows, int64_t cols,
                         BlockAxis axis, ScaleLayout layout, uint16_t* dst, void* stream);
+
+// GEMM steps whose GLU outputs are quantized (out_row / out_col, MXFP8 or fp8_block) on kernels
+// that write bf16: the step runs with a bf16 output (its own out_bf16, or a transient one of
+// staged_output_bytes()) and what it wrote is quantized afterwards, the bytes a fused quantizing
+// epilogue would give (docs/numerics.md "Quantized value"). with_bf16_output() takes the transient
+// one from `ws` when needed; quantize_outputs(s, bf16) fills s's quantized outputs from it.
+bool has_quantized_outputs(const detail::MGemmStep& s);
+int64_t staged_output_bytes(const detail::MGemmStep& s);
+detail::MGemmStep with_bf16_output(detail::MGemmStep s, Workspace& ws);
+void quantize_outputs(const detail::MGemmStep& s, const TensorView& bf16, void* stream);
 
 // src/cuda/quant/fp8_block.cu: FP8 blockwise (recipe fp8_blockwise). quantize and quantize_experts
 // above hand fp8_block outputs to the first two. The GEMM steps on fp8_block operands dequantize them

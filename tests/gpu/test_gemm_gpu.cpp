@@ -191,6 +191,27 @@ void for_each_fp8_backward_mode(F body) {
 // fp32 and pow2 scales alike; the BF16 path on dequantized operands: below 1e-5), so the check is a
 // relative bound of 3e-4 plus an elementwise one; a backend that takes only power-of-two scales skips
 // the rest.
+// The e4m3 bytes with their signs cleared (NaN kept): the block rule on them sums |terms|.
+HostTensor abs_e4m3(HostTensor q) {
+  for (uint8_t& v : q.bytes)
+    if ((v & 0x7f) != 0x7f) v &= 0x7f;
+  return q;
+}
+// Every output within bound(i) of the reference; the first five misses are reported (where(i):
+// the index as text).
+template <class Bound, class Where>
+void expect_within(const float* got, const float* ref, int64_t count, Bound bound, Where where) {
+  int64_t bad = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const double g = got[i], r = ref[i], b = bound(i);
+    if (!(std::fabs(g - r) <= b)) {
+      if (bad < 5) ADD_FAILURE() << "d[" << where(i) << "] = " << g << ", reference " << r << ", bound " << b;
+      ++bad;
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
 // dgrad: B_e given as [K, N] (b_kn, the layer's dgrad orientation; reference cpu::fp8_gemm_dgrad),
 // which cuda_sm90 transposes for FP8 wgmma (opt-in MXMOE_SM90_FP8_BLOCK=backward until GPU-verified).
 struct Fp8Case {
@@ -257,19 +278,11 @@ void expect_fp8_block_store_ok(detail::Backend& backend, const Fp8Case& c, doubl
   // sums run through): within 1e-3 of it, so no stray tile, lost block or swapped scale passes,
   // while an output that is a small remainder of large terms may carry the tensor core's rounding
   // (H200, session 9: d = -10.545 vs -10.400 from terms of about 3000).
-  HostTensor aqa = qa, aqw = qw, mag(DType::f32, {t, n});
-  for (uint8_t& v : aqa.bytes) v = (v & 0x7f) == 0x7f ? v : static_cast<uint8_t>(v & 0x7f);
-  for (uint8_t& v : aqw.bytes) v = (v & 0x7f) == 0x7f ? v : static_cast<uint8_t>(v & 0x7f);
-  reference(aqa, aqw, mag);
-  int64_t bad = 0;
-  for (int64_t i = 0; i < t * n; ++i) {
-    const double g = got.ptr<float>()[i], r = ref.ptr<float>()[i], m = mag.ptr<float>()[i];
-    if (!(std::fabs(g - r) <= 1e-3 * m + 1e-30)) {
-      if (bad < 5) ADD_FAILURE() << "d[" << i / n << ", " << i % n << "] = " << g << ", reference " << r << ", sum |terms| " << m;
-      ++bad;
-    }
-  }
-  EXPECT_EQ(bad, 0);
+  HostTensor mag(DType::f32, {t, n});
+  reference(abs_e4m3(qa), abs_e4m3(qw), mag);
+  expect_within(got.ptr<float>(), ref.ptr<float>(), t * n,
+                [&](int64_t i) { return 1e-3 * mag.ptr<float>()[i] + 1e-30; },
+                [&](int64_t i) { return std::to_string(i / n) + ", " + std::to_string(i % n); });
 }
 #endif
 
@@ -403,10 +416,7 @@ void expect_fp8_block_wgrad_ok(detail::Backend& backend, const std::vector<int>&
   };
   HostTensor ref(DType::f32, {experts, m, n}), mag(DType::f32, {experts, m, n});
   reference(qa, qb, ref);
-  HostTensor aqa = qa, aqb = qb;
-  for (HostTensor* q : {&aqa, &aqb})
-    for (uint8_t& v : q->bytes) v = (v & 0x7f) == 0x7f ? v : static_cast<uint8_t>(v & 0x7f);
-  reference(aqa, aqb, mag);
+  reference(abs_e4m3(qa), abs_e4m3(qb), mag);
   HostTensor init = accumulate ? random_f32({experts, m, n}) : HostTensor(out, {experts, m, n});
   if (!accumulate && !init.bytes.empty()) init.poison(kPoison);
   if (accumulate)
@@ -438,17 +448,14 @@ void expect_fp8_block_wgrad_ok(detail::Backend& backend, const std::vector<int>&
   EXPECT_LE(rel_error(got32.view, ref.view), out == DType::f32 ? 3e-4 : 1e-2);
   EXPECT_TRUE(bytes_equal(got.view, got2.view)) << "two runs differ";
   const double rel = out == DType::f32 ? 1e-3 : 1e-2;  // bf16 output: its rounding, relative to |D|
-  int64_t bad = 0;
-  for (int64_t i = 0; i < experts * m * n; ++i) {
-    const double g = got32.ptr<float>()[i], r = ref.ptr<float>()[i];
-    const double bound = rel * (mag.ptr<float>()[i] + (accumulate ? std::fabs(init.ptr<float>()[i]) : 0.0)) +
-                         (out == DType::bf16 ? std::fabs(r) * 1e-2 : 0.0) + 1e-30;
-    if (!(std::fabs(g - r) <= bound)) {
-      if (bad < 5) ADD_FAILURE() << "d[" << i / (m * n) << ", " << (i / n) % m << ", " << i % n << "] = " << g << ", reference " << r;
-      ++bad;
-    }
-  }
-  EXPECT_EQ(bad, 0);
+  expect_within(got32.ptr<float>(), ref.ptr<float>(), experts * m * n,
+                [&](int64_t i) {
+                  return rel * (mag.ptr<float>()[i] + (accumulate ? std::fabs(init.ptr<float>()[i]) : 0.0)) +
+                         (out == DType::bf16 ? std::fabs(ref.ptr<float>()[i]) * 1e-2 : 0.0) + 1e-30;
+                },
+                [&](int64_t i) {
+                  return std::to_string(i / (m * n)) + ", " + std::to_string((i / n) % m) + ", " + std::to_string(i % n);
+                });
 }
 #endif
 

@@ -12,6 +12,7 @@
 #include <ostream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/dispatch/backend.h"
@@ -186,15 +187,31 @@ const Case kCases[] = {
     {.T = 2048, .K = 8, .E = 64, .capacity = -1, .H = 64},  // large enough for the OpenMP loops
 };
 
+// A case's inputs from a fresh seed (the trace names the case and the seed), and the permuted rows
+// with 3 rows of slack past the bound.
+// gen continues the seed's sequence for whatever else a test draws.
+struct Drawn {
+  std::string trace;
+  std::mt19937_64 gen;
+  Inputs in;
+  int64_t rows;
+};
+Drawn draw(const Case& c) {
+  const uint64_t seed = rng()();
+  std::mt19937_64 gen(seed);
+  Inputs in = make_inputs(c, gen);
+  return {describe(c) + " seed=" + std::to_string(seed), gen, std::move(in),
+          permuted_rows_bound(c.T, c.K, c.E, c.capacity) + 3};
+}
+
 class PermuteCases : public ::testing::TestWithParam<Case> {};
 
 TEST_P(PermuteCases, MatchesTheArgsortReferenceAndLeavesRowsPastTheKeptOnesUntouched) {
   const Case c = GetParam();
-  const uint64_t seed = rng()();
-  SCOPED_TRACE(describe(c) + " seed=" + std::to_string(seed));
-  std::mt19937_64 gen(seed);
-  const Inputs in = make_inputs(c, gen);
-  const int64_t rows = permuted_rows_bound(c.T, c.K, c.E, c.capacity) + 3;
+  Drawn dr = draw(c);
+  SCOPED_TRACE(dr.trace);
+  const Inputs& in = dr.in;
+  const int64_t rows = dr.rows;
   Context ctx;
   const Permuted p = run_permute(in, c, rows, ctx);
   const RefRouting ref = ref_route(in.ids, c.E, c.capacity);
@@ -217,11 +234,10 @@ TEST_P(PermuteCases, MatchesTheArgsortReferenceAndLeavesRowsPastTheKeptOnesUntou
 
 TEST_P(PermuteCases, ZeroUnusedRowsWritesZerosPastTheKeptRowsAndNothingElseChanges) {
   const Case c = GetParam();
-  const uint64_t seed = rng()();
-  SCOPED_TRACE(describe(c) + " seed=" + std::to_string(seed));
-  std::mt19937_64 gen(seed);
-  const Inputs in = make_inputs(c, gen);
-  const int64_t rows = permuted_rows_bound(c.T, c.K, c.E, c.capacity) + 3;
+  Drawn dr = draw(c);
+  SCOPED_TRACE(dr.trace);
+  const Inputs& in = dr.in;
+  const int64_t rows = dr.rows;
   Context ctx;
   const Permuted plain = run_permute(in, c, rows, ctx), zeroed = run_permute(in, c, rows, ctx, true);
   const int64_t kept = plain.offsets.ptr<int32_t>()[c.E];
@@ -236,18 +252,17 @@ TEST_P(PermuteCases, ZeroUnusedRowsWritesZerosPastTheKeptRowsAndNothingElseChang
 
 TEST_P(PermuteCases, UnpermuteIsTheFp32SlotOrderSumRoundedOnceAndGathersProbs) {
   const Case c = GetParam();
-  const uint64_t seed = rng()();
-  SCOPED_TRACE(describe(c) + " seed=" + std::to_string(seed));
-  std::mt19937_64 gen(seed);
-  const Inputs in = make_inputs(c, gen);
-  const int64_t rows = permuted_rows_bound(c.T, c.K, c.E, c.capacity) + 3;
+  Drawn dr = draw(c);
+  SCOPED_TRACE(dr.trace);
+  const Inputs& in = dr.in;
+  const int64_t rows = dr.rows;
   Context ctx;
   const Permuted p = run_permute(in, c, rows, ctx);
   // Rows of arbitrary bf16 values (not the permuted x): the sum's rounding is exercised.
   HostTensor py(DType::bf16, {rows, c.H}), pp(DType::f32, {rows});
   std::uniform_real_distribution<float> u(-1.f, 1.f);
-  for (int64_t i = 0; i < py.numel(); ++i) py.ptr<uint16_t>()[i] = bf16_from_f32(u(gen));
-  for (int64_t i = 0; i < pp.numel(); ++i) pp.ptr<float>()[i] = u(gen);
+  for (int64_t i = 0; i < py.numel(); ++i) py.ptr<uint16_t>()[i] = bf16_from_f32(u(dr.gen));
+  for (int64_t i = 0; i < pp.numel(); ++i) pp.ptr<float>()[i] = u(dr.gen);
   const Unpermuted out = run_unpermute(py, p.row_map, pp, ctx);
 
   const std::vector<int32_t> map(p.row_map.ptr<int32_t>(), p.row_map.ptr<int32_t>() + c.T * c.K);
@@ -258,11 +273,10 @@ TEST_P(PermuteCases, UnpermuteIsTheFp32SlotOrderSumRoundedOnceAndGathersProbs) {
 
 TEST_P(PermuteCases, PermuteByMapMovesTheSameRowsAsPermuteTokens) {
   const Case c = GetParam();
-  const uint64_t seed = rng()();
-  SCOPED_TRACE(describe(c) + " seed=" + std::to_string(seed));
-  std::mt19937_64 gen(seed);
-  const Inputs in = make_inputs(c, gen);
-  const int64_t rows = permuted_rows_bound(c.T, c.K, c.E, c.capacity) + 3;
+  Drawn dr = draw(c);
+  SCOPED_TRACE(dr.trace);
+  const Inputs& in = dr.in;
+  const int64_t rows = dr.rows;
   Context ctx;
   const Permuted p = run_permute(in, c, rows, ctx);
   HostTensor px = poisoned(DType::bf16, {rows, c.H}), pp = poisoned(DType::f32, {rows});
@@ -279,18 +293,17 @@ TEST_P(PermuteCases, PermuteByMapMovesTheSameRowsAsPermuteTokens) {
 // <P p, q> = <p, U q>, both over the kept rows only (P writes nothing past offsets[E]).
 TEST_P(PermuteCases, UnpermuteIsTheAdjointOfPermute) {
   const Case c = GetParam();
-  const uint64_t seed = rng()();
-  SCOPED_TRACE(describe(c) + " seed=" + std::to_string(seed));
-  std::mt19937_64 gen(seed);
-  const Inputs in = make_inputs(c, gen);
-  const int64_t rows = permuted_rows_bound(c.T, c.K, c.E, c.capacity) + 3;
+  Drawn dr = draw(c);
+  SCOPED_TRACE(dr.trace);
+  const Inputs& in = dr.in;
+  const int64_t rows = dr.rows;
   Context ctx;
   const Permuted p = run_permute(in, c, rows, ctx);
   const int64_t kept = p.offsets.ptr<int32_t>()[c.E];
-  const HostTensor g = integer_bf16(rows, c.H, gen);
+  const HostTensor g = integer_bf16(rows, c.H, dr.gen);
   HostTensor q(DType::f32, {rows});
   std::uniform_real_distribution<float> u(-1.f, 1.f);
-  for (int64_t r = 0; r < rows; ++r) q.ptr<float>()[r] = u(gen);
+  for (int64_t r = 0; r < rows; ++r) q.ptr<float>()[r] = u(dr.gen);
   const Unpermuted ug = run_unpermute(g, p.row_map, q, ctx);
 
   double lhs = 0, rhs = 0, lhs_p = 0, rhs_p = 0, scale = 0;
@@ -309,17 +322,16 @@ TEST_P(PermuteCases, UnpermuteIsTheAdjointOfPermute) {
 // unpermute_tokens' backward is permute_by_map: <U y', dy> = <y', B dy> over the kept rows.
 TEST_P(PermuteCases, PermuteByMapIsTheAdjointOfUnpermute) {
   const Case c = GetParam();
-  const uint64_t seed = rng()();
-  SCOPED_TRACE(describe(c) + " seed=" + std::to_string(seed));
-  std::mt19937_64 gen(seed);
-  const Inputs in = make_inputs(c, gen);
-  const int64_t rows = permuted_rows_bound(c.T, c.K, c.E, c.capacity) + 3;
+  Drawn dr = draw(c);
+  SCOPED_TRACE(dr.trace);
+  const Inputs& in = dr.in;
+  const int64_t rows = dr.rows;
   Context ctx;
   const Permuted p = run_permute(in, c, rows, ctx);
   const int64_t kept = p.offsets.ptr<int32_t>()[c.E];
-  const HostTensor py = integer_bf16(rows, c.H, gen);
+  const HostTensor py = integer_bf16(rows, c.H, dr.gen);
   const Unpermuted y = run_unpermute(py, p.row_map, HostTensor(), ctx);
-  const HostTensor dy = make_inputs(c, gen).x;
+  const HostTensor dy = make_inputs(c, dr.gen).x;
   HostTensor bdy = poisoned(DType::bf16, {rows, c.H});
   permute_by_map(ctx, {.x = dy.view, .row_map = p.row_map.view, .permuted_x = bdy.view});
 

@@ -258,11 +258,7 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, bool pow2, DType dw_d
     // dequantized weights, which its GEMMs read instead of dequantizing per call (mxfp8;
     // fp8_blockwise with power-of-two scales, whose dgrads run on them). fp8_blockwise's second
     // pair of weight copies (w*_col) holds the same 128x128 blocks: the dgrads read them.
-    bool sm90 = opt.backend.empty() || opt.backend == "cuda_sm90";
-    for (const std::string& n : opt.deny) sm90 = sm90 && n != "cuda_sm90";
-    bool sm90_here = false;
-    for (const BackendInfo& b : ctx.backends(dev)) sm90_here = sm90_here || (b.name == "cuda_sm90" && b.available);
-    if (sm90 && sm90_here && (recipe == Recipe::mxfp8 || p.pow2_scales))
+    if (want_bf16_copies(ctx, p, WeightsArgs{fa.w1, fa.w2}, dev))
       for (OwnedExpertMxfp8* w : {&w1_row, &w2_row, &w2_col, &w1_col}) w->add_bf16_copy(opt, dev);
     time_step(quantize_x({fa.x, fa.offsets, x_row.view, x_col.view, qs.pow2_scales}));
     prepare(quantize_dy({ba.dy, fa.offsets, dy_row.view, dy_col.view, qs.pow2_scales}));

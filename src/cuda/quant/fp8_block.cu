@@ -328,17 +328,13 @@ void gemm_m_fp8_block(const detail::MGemmStep& s, void* stream_ptr, void (*bf16_
   const int64_t T = g.a.mx.data.shape[0], K = g.a.mx.data.shape[1];
   const TensorView& bd = g.b.data.dense;
   const int64_t E = bd.shape[0], br = bd.shape[1], bc = bd.shape[2];
-  const bool glu = s.epilogue != detail::Epilogue::store;
-  const bool fp8_out = glu && (s.out_row.data.data != nullptr || s.out_col.data.data != nullptr);
-  const bool stage = fp8_out && s.out_bf16.data == nullptr;
-  const int64_t out_cols = s.epilogue == detail::Epilogue::glu_forward ? s.ffn : 2 * s.ffn;
   // prepare_weights' bf16 copy of the dequantized weights, where it made one.
   const TensorView& copy = g.b.dequantized.dense;
   const bool have_copy = copy.data != nullptr && !g.b.dequantized.per_expert();
   if (have_copy && (copy.dtype != DType::bf16 || copy.rank != 3 || copy.shape != bd.shape))
     throw Error("b.dequantized", "must be a dense bf16 tensor of B's shape [E, rows, cols]");
   Workspace ws(Workspace::aligned(T * K * 2) + (have_copy ? 0 : Workspace::aligned(E * br * bc * 2)) +
-                   (stage ? Workspace::aligned(T * out_cols * 2) : 0),
+                   staged_output_bytes(s),
                stream);
   uint16_t* a16 = ws.take<uint16_t>(T * K);
   uint16_t* b16 = have_copy ? static_cast<uint16_t*>(copy.data) : ws.take<uint16_t>(E * br * bc);
@@ -357,21 +353,9 @@ void gemm_m_fp8_block(const detail::MGemmStep& s, void* stream_ptr, void (*bf16_
   b.gemm.b = ExpertOperand{};
   b.gemm.b.data.dense = TensorView::of(b16, DType::bf16, {E, br, bc}, bd.device);
   b.gemm.b.data.dtype = DType::bf16;
-  if (fp8_out) {
-    if (stage) b.out_bf16 = TensorView::of(ws.take<uint16_t>(T * out_cols), DType::bf16, {T, out_cols}, bd.device);
-    b.out_row = Mxfp8View{};
-    b.out_col = Mxfp8View{};
-  }
+  b = with_bf16_output(b, ws);
   bf16_gemm(b, stream_ptr);
-  if (fp8_out) {
-    QuantizeArgs q;
-    q.src = b.out_bf16;
-    q.groups = g.offsets;
-    q.rowwise = s.out_row;
-    q.colwise = s.out_col;
-    q.pow2_scales = s.pow2_scales;
-    quantize_fp8_block(q, stream_ptr);
-  }
+  if (has_quantized_outputs(s)) quantize_outputs(s, b.out_bf16, stream_ptr);
 }
 
 void gemm_k_fp8_block(const KGroupedGemmArgs& a, void* stream_ptr, void (*bf16_gemm)(const KGroupedGemmArgs&, void*)) {

@@ -81,4 +81,45 @@ void quantize(const QuantizeArgs& a, void* stream_ptr) {
   launch_quantize(p, tiles.count, 1, stream);
 }
 
+namespace {
+// The staged bf16 output of a quantizing GLU step: [rows, F] (glu_forward's A) or [rows, 2F] (dC).
+int64_t staged_rows(const detail::MGemmStep& s) {
+  return (s.gemm.a.is_mxfp8() ? s.gemm.a.mx.data : s.gemm.a.bf16).shape[0];
+}
+int64_t staged_cols(const detail::MGemmStep& s) {
+  return s.epilogue == detail::Epilogue::glu_forward ? s.ffn : 2 * s.ffn;
+}
+}  // namespace
+
+bool has_quantized_outputs(const detail::MGemmStep& s) {
+  return s.epilogue != detail::Epilogue::store && (s.out_row.data.data != nullptr || s.out_col.data.data != nullptr);
+}
+
+int64_t staged_output_bytes(const detail::MGemmStep& s) {
+  if (!has_quantized_outputs(s) || s.out_bf16.data != nullptr) return 0;
+  return Workspace::aligned(staged_rows(s) * staged_cols(s) * 2);
+}
+
+detail::MGemmStep with_bf16_output(detail::MGemmStep s, Workspace& ws) {
+  if (!has_quantized_outputs(s)) return s;
+  if (s.out_bf16.data == nullptr) {
+    const int64_t rows = staged_rows(s), cols = staged_cols(s);
+    const Device d = (s.gemm.a.is_mxfp8() ? s.gemm.a.mx.data : s.gemm.a.bf16).device;
+    s.out_bf16 = TensorView::of(ws.take<uint16_t>(rows * cols), DType::bf16, {rows, cols}, d);
+  }
+  s.out_row = Mxfp8View{};
+  s.out_col = Mxfp8View{};
+  return s;
+}
+
+void quantize_outputs(const detail::MGemmStep& s, const TensorView& bf16, void* stream) {
+  QuantizeArgs q;
+  q.src = bf16;
+  q.groups = s.gemm.offsets;
+  q.rowwise = s.out_row;
+  q.colwise = s.out_col;
+  q.pow2_scales = s.pow2_scales;
+  quantize(q, stream);
+}
+
 }  // namespace mxmoe::cuda

@@ -2,7 +2,6 @@
 // own tokens, both operands token-major (MN-major tiles through one tensor map each over all tokens).
 // Group row ranges come from the device schedule; no host reads of the offsets, no stream sync.
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "src/common/fp8_block.h"
@@ -99,9 +98,7 @@ void run_gemm_k(const KGroupedGemmArgs& a, cudaStream_t stream) {
 // into whole-block K-major copies (transpose_token_blocks), then the FP8-wgmma kernel with the
 // per-block outer-product promotion acc = fma(partial, s_a(m) s_b(n), acc).
 bool fp8_block_wgrad_takes(const KGroupedGemmArgs& a) {
-  const char* e = std::getenv("MXMOE_SM90_FP8_BLOCK");
-  return e != nullptr && std::string(e) == "backward" && a.a.is_fp8_block() && a.b.is_fp8_block() &&
-         gemm_k_refusal(a).empty();
+  return fp8_backward_on() && a.a.is_fp8_block() && a.b.is_fp8_block() && gemm_k_refusal(a).empty();
 }
 
 namespace {

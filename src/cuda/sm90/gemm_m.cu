@@ -52,6 +52,27 @@ int sm_count() {
   });
 }
 
+namespace {
+// What every sm90 m-grouped kernel needs of the shapes (16-byte TMA rows) and of the epilogue's
+// outputs and B orientation (the layer's layouts).
+std::string width_refusal(int64_t k, int64_t n) {
+  if (k % 8 != 0) return "K = " + std::to_string(k) + " is not a multiple of 8 (TMA rows must be 16-byte aligned)";
+  if (n % 8 != 0) return "N = " + std::to_string(n) + " is not a multiple of 8 (TMA rows must be 16-byte aligned)";
+  return {};
+}
+std::string epilogue_refusal(const detail::MGemmStep& s, bool quantized_out) {
+  const MGroupedGemmArgs& g = s.gemm;
+  if (s.epilogue == detail::Epilogue::glu_forward && s.out_bf16.data == nullptr && !quantized_out)
+    return "glu_forward without an output";
+  if (s.epilogue == detail::Epilogue::glu_forward && g.b_kn)
+    return "glu_forward with B_e as [K, N]: the sm90 kernel reads W1 as [2F, K] (the layer's layout)";
+  if (s.epilogue == detail::Epilogue::glu_backward && !g.b_kn)
+    return "glu_backward with B_e as [N, K]: the sm90 kernel reads W2 as [K, N] (the layer's layout)";
+  if (s.epilogue == detail::Epilogue::store && g.d.data == nullptr) return "store epilogue without an output";
+  return {};
+}
+}  // namespace
+
 // FP8 blockwise (pow2 scales; the probe refuses fp32 ones): the step runs as the BF16 step on
 // dequantized operands (src/cuda/quant/fp8_block.cu), in stream-ordered workspace that is 16-byte
 // aligned, so only the shapes and the epilogue's orientation decide.
@@ -59,19 +80,10 @@ std::string fp8_block_refusal(const detail::MGemmStep& s) {
   const MGroupedGemmArgs& g = s.gemm;
   if (!g.b.is_fp8_block()) return "an fp8_block A needs fp8_block weights";
   if (g.b.data.per_expert() || g.b.scales.per_expert()) return "per-expert fp8_block weight pointers";
-  const int64_t k = g.a.mx.data.shape[1], n = detail::gemm_width(s);
-  if (k % 8 != 0) return "K = " + std::to_string(k) + " is not a multiple of 8 (TMA rows must be 16-byte aligned)";
-  if (n % 8 != 0) return "N = " + std::to_string(n) + " is not a multiple of 8 (TMA rows must be 16-byte aligned)";
   const bool mx_out = s.out_row.data.data != nullptr || s.out_col.data.data != nullptr;
   if (mx_out && s.epilogue == detail::Epilogue::store) return "quantized outputs of the store epilogue";
-  if (s.epilogue == detail::Epilogue::glu_forward && g.b_kn)
-    return "glu_forward with B_e as [K, N]: the sm90 kernel reads W1 as [2F, K] (the layer's layout)";
-  if (s.epilogue == detail::Epilogue::glu_backward && !g.b_kn)
-    return "glu_backward with B_e as [N, K]: the sm90 kernel reads W2 as [K, N] (the layer's layout)";
-  if (s.epilogue == detail::Epilogue::glu_forward && s.out_bf16.data == nullptr && !mx_out)
-    return "glu_forward without an output";
-  if (s.epilogue == detail::Epilogue::store && g.d.data == nullptr) return "store epilogue without an output";
-  return {};
+  if (std::string why = width_refusal(g.a.mx.data.shape[1], detail::gemm_width(s)); !why.empty()) return why;
+  return epilogue_refusal(s, mx_out);
 }
 
 std::string gemm_m_refusal(const detail::MGemmStep& s) {
@@ -105,19 +117,10 @@ std::string gemm_m_refusal(const detail::MGemmStep& s) {
     return "per-expert weight pointers: the sm90 kernels read one dense [E, ...] weight tensor through TMA";
   const bool mx_out = s.out_row.data.data != nullptr || s.out_col.data.data != nullptr;
   if (mx_out && s.epilogue == detail::Epilogue::store) return "MXFP8 outputs of the store epilogue";
-  const int64_t k = a_view(s).shape[1], n = detail::gemm_width(s);
-  if (k % 8 != 0) return "K = " + std::to_string(k) + " is not a multiple of 8 (TMA rows must be 16-byte aligned)";
-  if (n % 8 != 0) return "N = " + std::to_string(n) + " is not a multiple of 8 (TMA rows must be 16-byte aligned)";
+  if (std::string why = width_refusal(a_view(s).shape[1], detail::gemm_width(s)); !why.empty()) return why;
   if (!g.a.is_mxfp8() && (!tma_aligned(g.a.bf16.data) || !tma_aligned(g.b.data.dense.data)))
     return "an operand's address is not 16-byte aligned (TMA)";
-  if (s.epilogue == detail::Epilogue::glu_forward && s.out_bf16.data == nullptr && !mx_out)
-    return "glu_forward without an output";
-  if (s.epilogue == detail::Epilogue::glu_forward && g.b_kn)
-    return "glu_forward with B_e as [K, N]: the sm90 kernel reads W1 as [2F, K] (the layer's layout)";
-  if (s.epilogue == detail::Epilogue::glu_backward && !g.b_kn)
-    return "glu_backward with B_e as [N, K]: the sm90 kernel reads W2 as [K, N] (the layer's layout)";
-  if (s.epilogue == detail::Epilogue::store && g.d.data == nullptr) return "store epilogue without an output";
-  return {};
+  return epilogue_refusal(s, mx_out);
 }
 
 int default_block_n(const detail::MGemmStep& s) {
@@ -298,12 +301,12 @@ void finish_gemm_m(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t s
   }
 }
 
-namespace {
-// Whether environment variable `name` is set to `value` (the backend's opt-in switches).
 bool env_is(const char* name, const char* value) {
   const char* e = std::getenv(name);
   return e != nullptr && std::string(e) == value;
 }
+
+namespace {
 // MXMOE_SM90_FC2_DGRAD: "ew" takes the epilogue warps wherever they can run, "glu" never; unset,
 // the measured rule below.
 enum class EwChoice { measured, always, never };
@@ -378,13 +381,13 @@ void run_gemm_m(const detail::MGemmStep& s, cudaStream_t stream) {
 // wgrads: gemm_k.cu): written in session 9 without a GPU run, so opt-in
 // (MXMOE_SM90_FP8_BLOCK=backward, read per call) until the GPU tests (GpuGemmM.Fp8BlockDgrad*,
 // GpuGemmK.Fp8Block*, GpuLayer.Fp8BlockwiseWithFp8Backward*) have run them.
-bool fp8_dgrad_on() { return env_is("MXMOE_SM90_FP8_BLOCK", "backward"); }
+bool fp8_backward_on() { return env_is("MXMOE_SM90_FP8_BLOCK", "backward"); }
 
 bool fp8_block_kernel_takes(const detail::MGemmStep& s) {
   static const bool off = env_is("MXMOE_SM90_FP8_BLOCK", "dequant");
   const MGroupedGemmArgs& g = s.gemm;
   if (off || !g.a.is_fp8_block() || !fp8_block_refusal(s).empty()) return false;
-  if (g.b_kn && !fp8_dgrad_on()) return false;
+  if (g.b_kn && !fp8_backward_on()) return false;
   if (!g.b_kn && s.epilogue == detail::Epilogue::glu_backward) return false;
   const int64_t k = g.a.mx.data.shape[1];
   if (k % 16 != 0) return false;  // e4m3 rows: 16-byte TMA strides
@@ -399,24 +402,15 @@ namespace {
 // token blocks) is written in bf16 (the step's, or a transient one) and quantized from there
 // (docs/numerics.md "Quantized value").
 void run_gemm_m_blk(const detail::MGemmStep& s0, cudaStream_t stream) {
-  const bool fp8_out = s0.out_row.data.data != nullptr || s0.out_col.data.data != nullptr;
-  const bool stage = fp8_out && s0.out_bf16.data == nullptr;
-  const int64_t rows = a_rows(s0);
-  const int64_t out_cols = s0.epilogue == detail::Epilogue::glu_forward ? s0.ffn : 2 * s0.ffn;
   // A dgrad: B_e [K, N] as stored -> [N, K] (K-major, what FP8 wgmma reads) with its block scales.
   const TensorView& bd = s0.gemm.b.data.dense;
   const bool transpose = s0.gemm.b_kn;
   const int64_t E = bd.shape[0], br = bd.shape[1], bc = bd.shape[2];
   const int64_t scale_count = E * ceil_div(br, kFp8Block) * ceil_div(bc, kFp8Block);
-  Workspace tmp((stage ? Workspace::aligned(rows * out_cols * 2) : 0) +
+  Workspace tmp(staged_output_bytes(s0) +
                     (transpose ? Workspace::aligned(E * br * bc) + Workspace::aligned(scale_count * 4) : 0),
                 stream);
-  detail::MGemmStep s = s0;
-  if (fp8_out) {
-    if (stage) s.out_bf16 = TensorView::of(tmp.take<uint16_t>(rows * out_cols), DType::bf16, {rows, out_cols}, a_view(s0).device);
-    s.out_row = Mxfp8View{};
-    s.out_col = Mxfp8View{};
-  }
+  detail::MGemmStep s = with_bf16_output(s0, tmp);
   if (transpose) {
     uint8_t* qt = tmp.take<uint8_t>(E * br * bc);
     float* st = tmp.take<float>(scale_count);
@@ -433,15 +427,7 @@ void run_gemm_m_blk(const detail::MGemmStep& s0, cudaStream_t stream) {
     launch_gemm_m_blk(s, plan, stream);
     finish_gemm_m(s, plan, stream);
   }
-  if (fp8_out) {
-    QuantizeArgs q;
-    q.src = s.out_bf16;
-    q.groups = s0.gemm.offsets;
-    q.rowwise = s0.out_row;
-    q.colwise = s0.out_col;
-    q.pow2_scales = s0.pow2_scales;
-    quantize_fp8_block(q, stream);
-  }
+  if (has_quantized_outputs(s0)) quantize_outputs(s0, s.out_bf16, stream);
 }
 }  // namespace
 
@@ -469,18 +455,15 @@ void gemm_m(const detail::MGemmStep& s0, void* stream_ptr) {
   const MGroupedGemmArgs& g = s0.gemm;
   const int64_t experts = g.offsets.experts();
   if (experts <= 0) return;
-  const bool mx_out = s0.out_row.data.data != nullptr || s0.out_col.data.data != nullptr;
+  const bool mx_out = has_quantized_outputs(s0);
   const bool have_copy = g.b.is_mxfp8() && g.b.dequantized.dense.data != nullptr;
   const bool deq_b = g.b.is_mxfp8() && !have_copy && !(s0.epilogue == detail::Epilogue::store && fp8_b_in_kernel());
-  const bool stage_out = mx_out && s0.out_bf16.data == nullptr;
   if (!deq_b && !mx_out && !have_copy) return run_gemm_m(s0, stream);
 
-  const int64_t rows = a_rows(s0), k = a_view(s0).shape[1], n = detail::gemm_width(s0);
-  const int64_t out_cols = s0.epilogue == detail::Epilogue::glu_forward ? s0.ffn : 2 * s0.ffn;
+  const int64_t k = a_view(s0).shape[1], n = detail::gemm_width(s0);
   const int64_t b_rows = g.b_kn ? k : n, b_cols = g.b_kn ? n : k;
   const int64_t b_elems = experts * b_rows * b_cols;
-  Workspace tmp((deq_b ? Workspace::aligned(b_elems * 2) : 0) + (stage_out ? Workspace::aligned(rows * out_cols * 2) : 0),
-                stream);
+  Workspace tmp((deq_b ? Workspace::aligned(b_elems * 2) : 0) + staged_output_bytes(s0), stream);
   detail::MGemmStep s = s0;
   if (deq_b || have_copy) {
     uint16_t* wb = have_copy ? g.b.dequantized.dense.ptr<uint16_t>() : tmp.take<uint16_t>(b_elems);
@@ -491,21 +474,9 @@ void gemm_m(const detail::MGemmStep& s0, void* stream_ptr) {
     s.gemm.b.data.dense = TensorView::of(wb, DType::bf16, {experts, b_rows, b_cols}, g.b.data.dense.device);
     s.gemm.b.data.dtype = DType::bf16;
   }
-  if (mx_out) {
-    if (stage_out)
-      s.out_bf16 = TensorView::of(tmp.take<uint16_t>(rows * out_cols), DType::bf16, {rows, out_cols}, a_view(s0).device);
-    s.out_row = Mxfp8View{};
-    s.out_col = Mxfp8View{};
-  }
+  s = with_bf16_output(s, tmp);
   run_gemm_m(s, stream);
-  if (mx_out) {
-    QuantizeArgs q;
-    q.src = s.out_bf16;
-    q.groups = g.offsets;
-    q.rowwise = s0.out_row;
-    q.colwise = s0.out_col;
-    quantize(q, stream);
-  }
+  if (mx_out) quantize_outputs(s0, s.out_bf16, stream);
 }
 
 }  // namespace mxmoe::cuda::sm90

@@ -4,9 +4,6 @@
 // parallel with the BF16 and MXFP8 kernels).
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <string>
-
 #include "src/cuda/common/check.h"
 #include "src/cuda/sm90/gemm_m_plan.h"
 #include "src/cuda/sm90/launch.cuh"
@@ -35,10 +32,7 @@ void launch_epilogue(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t
 
 }  // namespace
 
-bool fp8_scales_staged() {
-  const char* e = std::getenv("MXMOE_SM90_FP8_SCALES");
-  return e != nullptr && std::string(e) == "staged";
-}
+bool fp8_scales_staged() { return env_is("MXMOE_SM90_FP8_SCALES", "staged"); }
 
 void launch_gemm_m_blk(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t stream) {
   if (fp8_scales_staged()) launch_epilogue<SBlkStore, SBlkGluFwd, SBlkGluBwd>(s, plan, stream);

@@ -29,8 +29,12 @@ void finish_gemm_m(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t s
 // gemm_m_mx.cu: the kernel of a planned step whose A is MXFP8: B BF16 (any epilogue) or MXFP8
 // (store epilogue, converted in shared memory).
 void launch_gemm_m_mx(const detail::MGemmStep& s, const MPlan& plan, int bn, cudaStream_t stream);
+// Whether environment variable `name` is set to `value` (the backend's opt-in switches; gemm_m.cu).
+bool env_is(const char* name, const char* value);
 // MXMOE_SM90_FP8_B=convert: MXFP8 B of the store epilogue stays FP8 (gemm_kernel.cuh Mx::ab).
 bool fp8_b_in_kernel();
+// MXMOE_SM90_FP8_BLOCK=backward (read per call): fp8_blockwise dgrads and wgrads on FP8 wgmma.
+bool fp8_backward_on();
 
 // gemm_m_blk.cu: the FP8-wgmma kernel of a planned fp8_blockwise step (plan_gemm_m with kBlkN):
 // store, glu_forward or glu_backward, B_e [N, K] (a dgrad's weights transposed first).

@@ -85,10 +85,11 @@ for s in $steps; do
       [ $rc -eq 0 ] || tail -30 "$B/peer.log"
       [ -f "$OUT/bench.md" ] && sed '/^## All rows/q' "$OUT/bench.md" ;;  # header, layer vs compile, memory
     fp8)
-      # The FP8-blockwise kernels (issue 10): every *Fp8* GPU test (the ones of the opt-in FP8 backward
-      # set MXMOE_SM90_FP8_BLOCK=backward themselves), memcheck over the GEMM ones, the SASS of the FP8
-      # kernels (QGMMA), and mxmoe bench on FP8_PRESET (default dsv3, skewed) with the forward on FP8
-      # wgmma and the backward dequantized (default), then the whole backward on FP8 wgmma too.
+      # The FP8-blockwise kernels (issue 10): every *Fp8* GPU test (they set MXMOE_SM90_FP8_BLOCK and
+      # MXMOE_SM90_FP8_MAINLOOP themselves), memcheck over the GEMM ones, the SASS of the FP8 kernel
+      # objects (QGMMA), and mxmoe bench on FP8_PRESET (default dsv3, skewed) with every GEMM on FP8
+      # wgmma (default), the backward on the dequantized BF16 path (MXMOE_SM90_FP8_BLOCK=forward), and
+      # the scales loaded from L2 by the consumers (MXMOE_SM90_FP8_MAINLOOP=l2).
       timeout ${FP8_TIMEOUT:-180} $B/tests/mxmoe_gpu_tests --gtest_filter='*Fp8*' >"$OUT/fp8_tests.log" 2>&1; rc=$?
       summary "fp8 tests" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/fp8_tests.log" | tr '\n' ' ')"
       grep -E '^\[  FAILED  \]|Failure$|reference' "$OUT/fp8_tests.log" | head -20
@@ -98,10 +99,9 @@ for s in $steps; do
       for o in $(find $B -name 'gemm_m_blk.cu.o' -o -name 'gemm_k.cu.o'); do
         summary "sass $(basename $o)" "QGMMA $(cuobjdump -sass "$o" 2>/dev/null | grep -c QGMMA)"
       done
-      # staged: the FP8 kernels' scales staged in shared memory by the producer (MXMOE_SM90_FP8_SCALES).
-      for mode in default backward staged; do
-        env $([ $mode = backward ] && echo MXMOE_SM90_FP8_BLOCK=backward) \
-          $([ $mode = staged ] && echo MXMOE_SM90_FP8_SCALES=staged) \
+      for mode in default forward l2; do
+        env $([ $mode = forward ] && echo MXMOE_SM90_FP8_BLOCK=forward) \
+          $([ $mode = l2 ] && echo MXMOE_SM90_FP8_MAINLOOP=l2) \
           timeout 120 $B/mxmoe bench --preset ${FP8_PRESET:-dsv3} \
           --skew --recipe fp8_blockwise --pow2-scales >"$OUT/fp8_bench_$mode.log" 2>&1
         summary "fp8 bench ($mode)" "rc=$?"

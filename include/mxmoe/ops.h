@@ -41,6 +41,11 @@ struct ExpertOperand {
   // fp8_block: 128x128 blocks, scales f32 [E, fp8_weight_scale_count(rows, cols)] of each expert's
   // [rows, cols] as stored (the same copy serves fprop and dgrad); layout unused.
   QuantFormat format = QuantFormat::mxfp8;
+  // Optional, fp8_block: the same blocks transposed, e4m3 [E, cols, rows] with f32 scales
+  // [E, fp8_weight_scale_count(cols, rows)], which cuda_sm90's FP8-wgmma dgrad reads (it takes K-major
+  // operands only) instead of transposing per call. prepare_weights() fills it
+  // (WeightsArgs::bf16_copies); other backends ignore it.
+  ExpertMatrices transposed, transposed_scales;
   bool is_mxfp8() const { return data.dtype == DType::e4m3 || data.dense.dtype == DType::e4m3; }  // quantized
   bool is_fp8_block() const { return is_mxfp8() && format == QuantFormat::fp8_block; }
 };

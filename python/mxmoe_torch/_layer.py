@@ -242,9 +242,9 @@ class GroupedMLP(nn.Module):
     Parameters: w1 [E, 2F, H], w2 [E, H, F] (bf16), b1 [E, 2F], b2 [E, H] when bias.
     activation: "swiglu" or "clamped_swiglu" (GPT-OSS: limit, alpha, linear_offset);
     glu_layout: "halves" (a = C[:, :F], b = C[:, F:]) or "interleave32"; recipe: "mxfp8", "bf16",
-    "fp8_blockwise" (E4M3 with fp32 scales per 128 values, DeepSeek-V3 style; CPU tensors only so far:
-    the GPU backends have no kernels for it yet and refuse it, saying so) or "fp8_blockwise_pow2" (the
-    same with power-of-two scales).
+    "fp8_blockwise" (E4M3 with fp32 scales per 128 values, DeepSeek-V3 style; CPU tensors, and CUDA
+    tensors on a Hopper GPU, whose cuda_sm90 runs every GEMM on FP8 tensor cores; other GPUs refuse it,
+    saying so) or "fp8_blockwise_pow2" (the same with power-of-two scales; any GPU).
 
     cache_prepared_weights (mxfp8): keep W1 and W2 quantized (row- and column-wise MXFP8, about the
     bf16 weights' size again, `prepared_weights_bytes`) from one forward to the next and for backward,

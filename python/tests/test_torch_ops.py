@@ -12,6 +12,9 @@ import mxmoe_torch
 
 ops = torch.ops.mxmoe
 CUDA = torch.cuda.is_available()
+# cuda_sm90 (FP8-wgmma kernels for every fp8_blockwise GEMM) serves an sm_90 device in a Hopper build,
+# the only CUDA build these tests are run with on a Hopper GPU (scripts/gpu_check.sh, MXMOE_CUDA_ARCHS=90a).
+SM90 = CUDA and torch.cuda.get_device_capability() == (9, 0)
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="no CUDA device"))]
 RECIPES = ["bf16", "mxfp8", "fp8_blockwise", "fp8_blockwise_pow2"]
 # docs/numerics.md "Tolerances" (relative Frobenius error vs an unquantized float64 reference).
@@ -22,12 +25,14 @@ TOLERANCE = {("bf16", "swiglu"): 2e-2, ("bf16", "clamped_swiglu"): 2e-2,
 
 
 def needs_kernels(device, recipe):
-    """fp8_blockwise with fp32 scales runs on the CPU backend only so far (its GPU GEMMs, on
-    cuda_portable, are exact only with power-of-two scales): on a GPU those cases are skipped, saying
-    so (test_fp8_blockwise_on_a_gpu_is_a_clear_error checks the refusal itself);
-    fp8_blockwise_pow2 runs on the GPU."""
-    if device == "cuda" and recipe == "fp8_blockwise":
-        pytest.skip("fp8_blockwise with fp32 scales has no GPU kernels yet (fp8_blockwise_pow2 has)")
+    """fp8_blockwise with fp32 scales runs on the CPU backend and on cuda_sm90 (FP8 wgmma with
+    per-128 promotion); cuda_portable's GEMMs dequantize to bf16, exact only with power-of-two
+    scales, so on other GPUs those cases are skipped, saying so
+    (test_fp8_blockwise_on_a_gpu_is_a_clear_error checks the refusal itself); fp8_blockwise_pow2
+    runs on every GPU."""
+    if device == "cuda" and recipe == "fp8_blockwise" and not SM90:
+        pytest.skip("fp8_blockwise with fp32 scales needs cuda_sm90's FP8 kernels (a Hopper GPU); "
+                    "fp8_blockwise_pow2 runs here")
 
 
 def rel_error(got, want):
@@ -486,10 +491,10 @@ def test_training_loop_loss_goes_down(recipe):
     assert sum(losses[-10:]) / 10 < 0.5 * sum(losses[:10]) / 10, (losses[:3], losses[-3:])
 
 
-@pytest.mark.skipif(not CUDA, reason="no CUDA device")
+@pytest.mark.skipif(not CUDA or SM90, reason="needs a CUDA GPU that is not sm_90 (cuda_sm90 runs fp32 scales)")
 def test_fp8_blockwise_on_a_gpu_is_a_clear_error():
-    """fp32 scales on a GPU: the forward runs where cuda_sm90 serves (FP8 wgmma), the backward's
-    GEMMs are not written for them yet; either way the error names the recipe."""
+    """fp32 scales on a GPU without cuda_sm90: cuda_portable's GEMMs take power-of-two scales only;
+    the error names the recipe."""
     layer = mxmoe_torch.GroupedMLP(64, 64, 2, recipe="fp8_blockwise", device="cuda")
     x = torch.randn(16, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     offsets = mxmoe_torch.offsets_from_counts(torch.tensor([8, 8], device="cuda"))

@@ -4,6 +4,7 @@
 // (docs/numerics.md "Layer dataflow").
 #include "mxmoe/grouped_mlp.h"
 
+#include <cstdlib>
 #include <new>
 #include <optional>
 #include <string>
@@ -12,6 +13,7 @@
 #include "src/api/layer_steps.h"
 #include "src/api/layer_validate.h"
 #include "src/common/checked.h"
+#include "src/common/fp8_block.h"
 
 namespace mxmoe {
 
@@ -290,8 +292,9 @@ WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, 
   return WgradState(std::move(w));
 }
 
-// The library memory prepare_weights allocates (with `copies`: the bf16 copies too).
-int64_t prepare_memory(const Problem& p, bool copies) {
+// The library memory prepare_weights allocates (with `copies`: the bf16 copies too; with
+// `transposed`: fp8_blockwise's transposed copies).
+int64_t prepare_memory(const Problem& p, bool copies, bool transposed) {
   if (p.recipe == Recipe::bf16) return 0;
   const int64_t E = p.experts, H = p.hidden, F = p.ffn;
   const char* what = "memory";
@@ -301,6 +304,11 @@ int64_t prepare_memory(const Problem& p, bool copies) {
     n = checked_add(n, expert_quant_bytes(q, E, 2 * F, H, BlockAxis::row, what), what);
     n = checked_add(n, expert_quant_bytes(q, E, H, F, BlockAxis::row, what), what);
     if (copies) n = checked_add(n, checked_mul({E, 3 * F, H, 2}, what), what);  // one bf16 copy each
+    if (transposed) {  // e4m3 [E, H, 2F] and [E, F, H] with their block scales
+      n = checked_add(n, checked_mul({E, 3 * F, H}, what), what);
+      const int64_t scales = checked_add(fp8_weight_scale_count(H, 2 * F), fp8_weight_scale_count(F, H), what);
+      n = checked_add(n, checked_mul({E, scales, 4}, what), what);
+    }
     return n;
   }
   for (BlockAxis axis : {BlockAxis::row, BlockAxis::col}) {
@@ -313,9 +321,17 @@ int64_t prepare_memory(const Problem& p, bool copies) {
 
 }  // namespace
 
-bool want_bf16_copies(const Context& ctx, const Problem& p, const WeightsArgs& w, Device d) {
-  const bool reads = p.recipe == Recipe::mxfp8 || (p.recipe == Recipe::fp8_blockwise && p.pow2_scales);
-  if (!reads || !w.bf16_copies || d.type != DeviceType::cuda) return false;
+namespace {
+// cuda_sm90's FP8-blockwise switch (src/cuda/sm90/gemm_m.cu fp8_backward_on, read per call there):
+// `forward` or `dequant` put its backward GEMMs on the dequantized BF16 path.
+bool sm90_fp8_backward_off() {
+  const char* v = std::getenv("MXMOE_SM90_FP8_BLOCK");
+  return v != nullptr && (std::string(v) == "forward" || std::string(v) == "dequant");
+}
+// Whether cuda_sm90 is the backend the layer's GEMMs run on for device d (available, not denied,
+// not overridden by a forced backend).
+bool sm90_serves(const Context& ctx, Device d) {
+  if (d.type != DeviceType::cuda) return false;
   const Options& o = ctx.options();
   const std::string sm90 = "cuda_sm90";
   if (!o.backend.empty() && o.backend != sm90) return false;
@@ -325,6 +341,18 @@ bool want_bf16_copies(const Context& ctx, const Problem& p, const WeightsArgs& w
     if (b.name == sm90) return b.available;
   return false;
 }
+}  // namespace
+
+bool want_transposed_copies(const Context& ctx, const Problem& p, const WeightsArgs& w, Device d) {
+  return p.recipe == Recipe::fp8_blockwise && w.bf16_copies && !sm90_fp8_backward_off() && sm90_serves(ctx, d);
+}
+
+bool want_bf16_copies(const Context& ctx, const Problem& p, const WeightsArgs& w, Device d) {
+  const bool reads =
+      p.recipe == Recipe::mxfp8 || (p.recipe == Recipe::fp8_blockwise && p.pow2_scales && sm90_fp8_backward_off());
+  if (!reads || !w.bf16_copies) return false;
+  return sm90_serves(ctx, d);
+}
 
 namespace {
 
@@ -333,7 +361,8 @@ LayerStep prepare_step(LayerStep step) {
   return step;
 }
 
-PreparedWeights prepare_run(Context& ctx, const Problem& p, const WeightsArgs& w, Device d, bool copies) {
+PreparedWeights prepare_run(Context& ctx, const Problem& p, const WeightsArgs& w, Device d, bool copies,
+                            bool transposed) {
   const Options& o = ctx.options();
   const ScaleLayout layout = o.scale_layout;
   const int64_t E = p.experts, H = p.hidden, F = p.ffn;
@@ -345,8 +374,10 @@ PreparedWeights prepare_run(Context& ctx, const Problem& p, const WeightsArgs& w
     const QuantSpec q = quant_spec(p, layout);
     pw->w1_row = make_expert_quant(o, d, q, E, 2 * F, H, BlockAxis::row);
     pw->w2_row = make_expert_quant(o, d, q, E, H, F, BlockAxis::row);
-    if (copies)
-      for (OwnedExpertMxfp8* c : {&pw->w1_row, &pw->w2_row}) c->add_bf16_copy(o, d);
+    for (OwnedExpertMxfp8* c : {&pw->w1_row, &pw->w2_row}) {
+      if (copies) c->add_bf16_copy(o, d);
+      if (transposed) c->add_transposed_copy(o, d);
+    }
     PlannedSteps(ctx, {prepare_step(quantize_w1(pw->w1_row.quantize_from(w.w1))),
                        prepare_step(quantize_w2(pw->w2_row.quantize_from(w.w2)))})
         .run();
@@ -373,10 +404,10 @@ PreparedWeights prepare_weights(Context& ctx, const Problem& p, const WeightsArg
   using namespace detail;
   const Device d = validate_prepare_weights(p, w);
   const std::string what = "prepare_weights (" + describe(p) + ")";
-  const bool copies = want_bf16_copies(ctx, p, w, d);
-  const int64_t need = prepare_memory(p, copies);
+  const bool copies = want_bf16_copies(ctx, p, w, d), transposed = want_transposed_copies(ctx, p, w, d);
+  const int64_t need = prepare_memory(p, copies, transposed);
   check_capacity(d, need, ctx.options().allocator, what);
-  return with_memory_estimate(what, need, [&] { return prepare_run(ctx, p, w, d, copies); });
+  return with_memory_estimate(what, need, [&] { return prepare_run(ctx, p, w, d, copies, transposed); });
 }
 
 SavedState forward(Context& ctx, const Problem& p, const ForwardArgs& a) {

@@ -75,6 +75,16 @@ OwnedExpertMxfp8 make_expert_mxfp8(const Options& opt, Device d, int64_t experts
   return o;
 }
 
+void OwnedExpertMxfp8::add_transposed_copy(const Options& o, Device d) {
+  const int64_t per = fp8_weight_scale_count(cols, rows);
+  tdata = allocate(d, checked_mul({experts, rows, cols}, "memory"), o.stream, o.allocator);
+  tscales = allocate(d, checked_mul({experts, per, 4}, "memory"), o.stream, o.allocator);
+  operand.transposed.dense = TensorView::of(tdata.ptr, DType::e4m3, {experts, cols, rows}, d);
+  operand.transposed.dtype = DType::e4m3;
+  operand.transposed_scales.dense = TensorView::of(tscales.ptr, DType::f32, {experts, per}, d);
+  operand.transposed_scales.dtype = DType::f32;
+}
+
 void OwnedExpertMxfp8::add_bf16_copy(const Options& o, Device d) {
   deq = allocate(d, checked_mul({experts, rows, cols, 2}, "memory"), o.stream, o.allocator);
   operand.dequantized.dense = TensorView::of(deq.ptr, DType::bf16, {experts, rows, cols}, d);

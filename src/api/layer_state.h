@@ -50,19 +50,29 @@ OwnedMxfp8 make_quant(const Options& o, Device d, const QuantSpec& q, int64_t ro
 struct OwnedExpertMxfp8 {
   Buffer data, scales;
   Buffer deq;  // optional bf16 [E, rows, cols] of the dequantized values (operand.dequantized)
+  Buffer tdata, tscales;  // optional fp8_block transpose (operand.transposed, transposed_scales)
   ExpertOperand operand;
   int64_t experts = 0, rows = 0, cols = 0;
   BlockAxis axis = BlockAxis::row;
   bool pow2_scales = false;
   int64_t bytes() const {
-    return (data.ptr ? data.bytes : 0) + (scales.ptr ? scales.bytes : 0) + (deq.ptr ? deq.bytes : 0);
+    int64_t n = 0;
+    for (const Buffer* b : {&data, &scales, &deq, &tdata, &tscales}) n += b->ptr ? b->bytes : 0;
+    return n;
   }
   // Allocates the bf16 copy of the dequantized values that quantize_from() then also fills.
   void add_bf16_copy(const Options& o, Device d);
-  // The quantize_experts arguments that fill this copy (and its bf16 copy, if any) from `src`.
+  // fp8_block: allocates the transposed copy ([E, cols, rows] and its block scales) that
+  // quantize_from() then also fills (cuda_sm90's FP8 dgrad reads it).
+  void add_transposed_copy(const Options& o, Device d);
+  // The quantize_experts arguments that fill this copy (and its bf16 copy and transpose, if any)
+  // from `src`.
   QuantizeExpertsStep quantize_from(const ExpertMatrices& src) const {
-    return {src,   experts, rows, cols, operand.data.dense, operand.scales.dense, axis, operand.layout,
-            operand.dequantized.dense, operand.format, pow2_scales};
+    QuantizeExpertsStep s{src,   experts, rows, cols, operand.data.dense, operand.scales.dense, axis, operand.layout,
+                          operand.dequantized.dense, operand.format, pow2_scales};
+    s.transposed = operand.transposed.dense;
+    s.transposed_scales = operand.transposed_scales.dense;
+    return s;
   }
 };
 // Whether bf16 copies of the dequantized weights pay (prepare_weights, and `mxmoe bench`'s step
@@ -70,6 +80,10 @@ struct OwnedExpertMxfp8 {
 // power-of-two scales, whose GEMMs run on the dequantized weights), and cuda_sm90 serves device d
 // and is neither denied nor overridden by a forced backend (src/api/grouped_mlp.cpp).
 bool want_bf16_copies(const Context& ctx, const Problem& p, const WeightsArgs& w, Device d);
+// Whether transposed fp8_block weight copies pay (prepare_weights, `mxmoe bench`): fp8_blockwise,
+// asked for (w.bf16_copies), cuda_sm90 serves device d as above, and its FP8 dgrads are on (not
+// MXMOE_SM90_FP8_BLOCK=forward or dequant: then the bf16 copies above serve power-of-two scales).
+bool want_transposed_copies(const Context& ctx, const Problem& p, const WeightsArgs& w, Device d);
 OwnedExpertMxfp8 make_expert_mxfp8(const Options& o, Device d, int64_t experts, int64_t rows, int64_t cols,
                                    BlockAxis axis, ScaleLayout layout);
 int64_t expert_quant_bytes(const QuantSpec& q, int64_t experts, int64_t rows, int64_t cols, BlockAxis axis,

@@ -102,10 +102,13 @@ struct QuantizeExpertsStep {
   BlockAxis axis = BlockAxis::row;
   ScaleLayout layout = ScaleLayout::compact;
   TensorView dequantized;  // optional bf16 [E, rows, cols]: data x 2^(scale - 127), rounded to bf16
-  // fp8_block: 128x128 blocks, scales f32 [E, fp8_weight_scale_count(rows, cols)] (axis, layout and
-  // dequantized unused).
+  // fp8_block: 128x128 blocks, scales f32 [E, fp8_weight_scale_count(rows, cols)] (axis and layout
+  // unused).
   QuantFormat format = QuantFormat::mxfp8;
   bool pow2_scales = false;
+  // Optional, fp8_block (GPU backends): the same blocks transposed, e4m3 [E, cols, rows] and f32
+  // [E, fp8_weight_scale_count(cols, rows)] (cuda_ops.h transpose_fp8_block_weights).
+  TensorView transposed, transposed_scales;
 };
 
 // db2_e = sum_{t in e} (scale_by_probs ? p_t : 1) * dY_t;  dprob_add_t = dY_t . b2_{e(t)} when

@@ -168,17 +168,19 @@ TEST_P(GpuGemmM, StoreHandlesAllEmptySingleExpertAndSkewedSplits) {
 }
 
 #if defined(MXMOE_WITH_CUDA)
-// body(pow2) in the three fp8_blockwise backward modes of cuda_sm90, each with its switches set: the
-// default (power-of-two scales only: BF16 kernels on dequantized operands), the FP8 backward
-// (MXMOE_SM90_FP8_BLOCK=backward; fp32 scales too), and that with staged scales
-// (MXMOE_SM90_FP8_SCALES=staged). Other backends ignore the switches.
+// body(pow2) in the fp8_blockwise backward modes of cuda_sm90, each with its switches set: the FP8
+// backward (the default; fp32 scales too) with each FP8 mainloop (MXMOE_SM90_FP8_MAINLOOP: staged
+// scales by default, l2), and MXMOE_SM90_FP8_BLOCK=forward (power-of-two scales only: BF16 kernels on
+// dequantized operands). Other backends ignore the switches (power-of-two scales only).
 template <class F>
 void for_each_fp8_backward_mode(F body) {
   for (int mode : {0, 1, 2}) {
-    const bool fp8_kernels = mode > 0;
-    SCOPED_TRACE(mode == 0 ? "default" : mode == 1 ? "MXMOE_SM90_FP8_BLOCK=backward" : "backward, staged scales");
-    EnvOverride env("MXMOE_SM90_FP8_BLOCK", fp8_kernels ? "backward" : nullptr);
-    EnvOverride env2("MXMOE_SM90_FP8_SCALES", mode == 2 ? "staged" : nullptr);
+    const bool fp8_kernels = mode < 2;
+    const char* mainloop = mode == 1 ? "l2" : nullptr;
+    SCOPED_TRACE(mode == 2 ? std::string("MXMOE_SM90_FP8_BLOCK=forward")
+                           : std::string("FP8 backward, mainloop ") + (mainloop ? mainloop : "staged"));
+    EnvOverride env("MXMOE_SM90_FP8_BLOCK", fp8_kernels ? nullptr : "forward");
+    EnvOverride env2("MXMOE_SM90_FP8_MAINLOOP", mainloop);
     for (bool pow2 : {true, false})
       if (pow2 || fp8_kernels) body(pow2);
   }
@@ -213,7 +215,7 @@ void expect_within(const float* got, const float* ref, int64_t count, Bound boun
 }
 
 // dgrad: B_e given as [K, N] (b_kn, the layer's dgrad orientation; reference cpu::fp8_gemm_dgrad),
-// which cuda_sm90 transposes for FP8 wgmma (opt-in MXMOE_SM90_FP8_BLOCK=backward until GPU-verified).
+// which cuda_sm90 transposes for FP8 wgmma.
 struct Fp8Case {
   std::vector<int> sizes;
   int64_t k, n;
@@ -286,14 +288,14 @@ void expect_fp8_block_store_ok(detail::Backend& backend, const Fp8Case& c, doubl
 }
 #endif
 
-// Both scale sources of cuda_sm90's FP8 kernels: loaded by the consumers (default) and staged in
-// shared memory by the producer (MXMOE_SM90_FP8_SCALES=staged, a measurement variant).
+// Every mainloop of cuda_sm90's FP8 kernels (MXMOE_SM90_FP8_MAINLOOP): scales staged in shared memory
+// by the producer (default), loaded by the consumers from L2, staged with the consumers in turn.
 TEST_P(GpuGemmM, Fp8BlockStoreMatchesTheBlockRuleForFp32AndPow2Scales) {
 #if defined(MXMOE_WITH_CUDA)
-  for (const char* scales : {static_cast<const char*>(nullptr), "staged"})
+  for (const char* mainloop : {static_cast<const char*>(nullptr), "l2"})
   for (bool pow2 : {false, true}) {
-    SCOPED_TRACE(scales ? "MXMOE_SM90_FP8_SCALES=staged" : "scales from L2");
-    EnvOverride env("MXMOE_SM90_FP8_SCALES", scales);
+    SCOPED_TRACE(std::string("MXMOE_SM90_FP8_MAINLOOP=") + (mainloop ? mainloop : "(default)"));
+    EnvOverride env("MXMOE_SM90_FP8_MAINLOOP", mainloop);
     expect_fp8_block_store_ok(backend(), {{0, 1, 127, 129, 300, 0}, 256, 128, pow2}, 3e-4);
     expect_fp8_block_store_ok(backend(), {{37, 0, 130}, 2880, 1408 + 64, pow2}, 3e-4);  // K, N tails of 128
     expect_fp8_block_store_ok(backend(), {{0, 0, 0}, 128, 64, pow2}, 3e-4);
@@ -302,9 +304,9 @@ TEST_P(GpuGemmM, Fp8BlockStoreMatchesTheBlockRuleForFp32AndPow2Scales) {
 #endif
 }
 
-// The dgrad orientation: with power-of-two scales on every backend that takes them (cuda_sm90: the
-// BF16 kernels on dequantized operands), then with MXMOE_SM90_FP8_BLOCK=backward (cuda_sm90's FP8-wgmma
-// path on transposed weights; fp32 scales too).
+// The dgrad orientation: cuda_sm90's FP8-wgmma path on transposed weights (fp32 scales too), and with
+// power-of-two scales on every backend that takes them (cuda_sm90 with MXMOE_SM90_FP8_BLOCK=forward:
+// the BF16 kernels on dequantized operands).
 TEST_P(GpuGemmM, Fp8BlockDgradMatchesTheBlockRule) {
 #if defined(MXMOE_WITH_CUDA)
   for_each_fp8_backward_mode([&](bool pow2) {
@@ -459,9 +461,9 @@ void expect_fp8_block_wgrad_ok(detail::Backend& backend, const std::vector<int>&
 }
 #endif
 
-// With power-of-two scales on every backend that takes them (cuda_sm90 by default: the BF16 kernel
-// on dequantized operands), then with MXMOE_SM90_FP8_BLOCK=backward (cuda_sm90's FP8-wgmma kernel
-// on transposed whole-block operands; fp32 scales too).
+// cuda_sm90's FP8-wgmma kernel on transposed whole-block operands (fp32 scales too), and with
+// power-of-two scales on every backend that takes them (cuda_sm90 with MXMOE_SM90_FP8_BLOCK=forward:
+// the BF16 kernel on dequantized operands).
 TEST_P(GpuGemmK, Fp8BlockMatchesTheBlockRule) {
 #if defined(MXMOE_WITH_CUDA)
   for_each_fp8_backward_mode([&](bool pow2) {

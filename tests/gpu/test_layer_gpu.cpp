@@ -9,6 +9,7 @@
 #include <utility>
 #include <gtest/gtest.h>
 
+#include "src/common/fp8_block.h"
 #include "tests/layer_support.h"
 
 namespace mxmoe::test {
@@ -99,22 +100,29 @@ TEST_P(GpuLayer, MatchesCpuReferenceAtSameQuantizationPoints) {
   }
 }
 
-// fp8_blockwise with the whole backward on cuda_sm90's FP8-wgmma kernels (opt-in
-// MXMOE_SM90_FP8_BLOCK=backward: the dgrads on transposed weight copies, the wgrads on transposed
-// token blocks) against the CPU at the same-points tolerance, power-of-two and fp32 scales.
+// fp8_blockwise with the whole backward on cuda_sm90's FP8-wgmma kernels (the default: the dgrads
+// on transposed weight copies, the wgrads on transposed token blocks) against the CPU at the
+// same-points tolerance, power-of-two and fp32 scales, each FP8 mainloop; then with
+// MXMOE_SM90_FP8_BLOCK=forward (the backward on dequantized operands, power-of-two scales).
 TEST_P(GpuLayer, Fp8BlockwiseWithFp8BackwardMatchesCpu) {
-  EnvOverride env("MXMOE_SM90_FP8_BLOCK", "backward");
-  for (const char* scales : {static_cast<const char*>(nullptr), "staged"})  // MXMOE_SM90_FP8_SCALES
+  for (const char* mainloop : {static_cast<const char*>(nullptr), "l2"})  // MXMOE_SM90_FP8_MAINLOOP
   for (GpuCase c : cases()) {
     if (c.problem.recipe != Recipe::fp8_blockwise) continue;
-    EnvOverride env2("MXMOE_SM90_FP8_SCALES", scales);
-    SCOPED_TRACE(scales ? "staged scales" : "scales from L2");
+    EnvOverride env2("MXMOE_SM90_FP8_MAINLOOP", mainloop);
+    SCOPED_TRACE(std::string("mainloop ") + (mainloop ? mainloop : "staged (default)"));
     for (bool pow2 : {true, false}) {
       if (!pow2 && backend_name() != "cuda_sm90") continue;  // fp32 scales: only the FP8 kernels take them
       c.problem.pow2_scales = pow2;
-      SCOPED_TRACE(std::string(c.name) + (pow2 ? " pow2" : " fp32 scales") + " with MXMOE_SM90_FP8_BLOCK=backward");
+      SCOPED_TRACE(std::string(c.name) + (pow2 ? " pow2" : " fp32 scales"));
       expect_case_matches_cpu(backend_name(), c);
     }
+  }
+  EnvOverride env("MXMOE_SM90_FP8_BLOCK", "forward");
+  for (GpuCase c : cases()) {
+    if (c.problem.recipe != Recipe::fp8_blockwise) continue;
+    SCOPED_TRACE(std::string(c.name) + " pow2 with MXMOE_SM90_FP8_BLOCK=forward");
+    c.problem.pow2_scales = true;
+    expect_case_matches_cpu(backend_name(), c);
   }
 }
 
@@ -158,11 +166,11 @@ TEST_P(GpuLayer, DensePerExpertAndDeferredWgradAreBitIdentical) {
 }
 
 // prepare_weights on the device: forward and backward given the prepared copies are bit-identical
-// to the calls that quantize the weights themselves, with or without the bf16 copies of the
-// dequantized weights; those copies exist only where cuda_sm90 is the backend in use, and add 2 bytes
-// per weight value per orientation to bytes().
-// fp8_blockwise (power-of-two scales) keeps one copy per weight: its one quantized copy serves fprop
-// and dgrad.
+// to the calls that quantize the weights themselves, with or without the copies cuda_sm90 reads
+// (bf16 copies of the dequantized weights for mxfp8, 2 bytes per weight value per orientation;
+// transposed e4m3 copies for fp8_blockwise's FP8 dgrads); those exist only where cuda_sm90 is the
+// backend in use. fp8_blockwise (power-of-two scales) keeps one quantized copy per weight: it serves
+// fprop and dgrad.
 TEST_P(GpuLayer, PreparedWeightsWithAndWithoutBf16CopiesAreBitIdentical) {
   for (auto [r, g] : {std::pair{Recipe::mxfp8, GluLayout::halves}, std::pair{Recipe::mxfp8, GluLayout::interleave32},
                       std::pair{Recipe::fp8_blockwise, GluLayout::halves}}) {
@@ -186,8 +194,11 @@ TEST_P(GpuLayer, PreparedWeightsWithAndWithoutBf16CopiesAreBitIdentical) {
       cfg.prepared = &pw;
       expect_bit_identical(plain, run_layer(gpu, dev, d, cfg), p, "prepared vs per call");
     }
-    const int64_t orientations = r == Recipe::mxfp8 ? 2 : 1;
-    const int64_t copy_bytes = orientations * 2 * p.experts * 3 * p.ffn * p.hidden;
+    // mxfp8: a bf16 copy of both orientations; fp8_blockwise (FP8 dgrads on cuda_sm90): one e4m3
+    // transpose of each weight with its f32 block scales.
+    const int64_t E = p.experts, H = p.hidden, F = p.ffn;
+    const int64_t copy_bytes = r == Recipe::mxfp8 ? 2 * 2 * E * 3 * F * H
+                                                  : E * 3 * F * H + 4 * E * (fp8_weight_scale_count(H, 2 * F) + fp8_weight_scale_count(F, H));
     EXPECT_EQ(sizes[0] - sizes[1], sm90_used ? copy_bytes : 0);
   }
 }

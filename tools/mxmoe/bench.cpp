@@ -256,10 +256,14 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, bool pow2, DType dw_d
     w2_col = weights(H, F, BlockAxis::col), w1_col = weights(2 * F, H, BlockAxis::col);
     // As prepare_weights keeps them by default where cuda_sm90 serves: bf16 copies of the
     // dequantized weights, which its GEMMs read instead of dequantizing per call (mxfp8;
-    // fp8_blockwise with power-of-two scales, whose dgrads run on them). fp8_blockwise's second
-    // pair of weight copies (w*_col) holds the same 128x128 blocks: the dgrads read them.
-    if (want_bf16_copies(ctx, p, WeightsArgs{fa.w1, fa.w2}, dev))
+    // fp8_blockwise with power-of-two scales when its backward is on the dequantized path), and
+    // fp8_blockwise's transposed copies, which its FP8 dgrads read. fp8_blockwise's second pair of
+    // weight copies (w*_col) holds the same 128x128 blocks: the dgrads read them.
+    const WeightsArgs wargs{fa.w1, fa.w2};
+    if (want_bf16_copies(ctx, p, wargs, dev))
       for (OwnedExpertMxfp8* w : {&w1_row, &w2_row, &w2_col, &w1_col}) w->add_bf16_copy(opt, dev);
+    if (want_transposed_copies(ctx, p, wargs, dev))
+      for (OwnedExpertMxfp8* w : {&w2_col, &w1_col}) w->add_transposed_copy(opt, dev);
     time_step(quantize_x({fa.x, fa.offsets, x_row.view, x_col.view, qs.pow2_scales}));
     prepare(quantize_dy({ba.dy, fa.offsets, dy_row.view, dy_col.view, qs.pow2_scales}));
     for (const OwnedExpertMxfp8* q : {&w1_row, &w1_col}) prepare(quantize_w1(q->quantize_from(fa.w1)));

@@ -105,7 +105,13 @@ void dequantize_experts(const uint8_t* data, const uint8_t* scales, int64_t expe
 
 void quantize_experts(const detail::QuantizeExpertsStep& s, void* stream_ptr) {
   using namespace quant;
-  if (s.format == QuantFormat::fp8_block) return quantize_experts_fp8_block(s, stream_ptr);
+  if (s.format == QuantFormat::fp8_block) {
+    quantize_experts_fp8_block(s, stream_ptr);
+    if (s.transposed.data != nullptr)  // the K-major copy of cuda_sm90's FP8 dgrad (prepare_weights)
+      transpose_fp8_block_weights(s.data.ptr<uint8_t>(), s.scales.ptr<float>(), s.experts, s.rows, s.cols,
+                                  s.transposed.ptr<uint8_t>(), s.transposed_scales.ptr<float>(), stream_ptr);
+    return;
+  }
   const cudaStream_t stream = as_stream(stream_ptr);
   const bool row = s.axis == BlockAxis::row;
   if (s.scales.bytes() > 0) {

@@ -38,17 +38,18 @@ class CudaSm90Backend final : public detail::RefusingBackend {
 
   detail::Probe probe(const detail::StepQuery& q) const override {
 #if defined(MXMOE_WITH_SM90)
-    // fp8_blockwise GEMMs: FC1 and FC2 forward on the FP8-wgmma kernels (any scales,
-    // gemm_m_blk.cu); the others with power-of-two scales through the BF16 kernels on dequantized
-    // operands (exact; src/cuda/quant/fp8_block.cu); with fp32 scales those need FP8 wgmma on
-    // transposed operands (issue 10), not written yet. Its quantizers are cuda_portable's.
+    // fp8_blockwise GEMMs: every GEMM of the layer on the FP8-wgmma kernels (any scales,
+    // gemm_m_blk.cu, gemm_k.cu) where their shape rules take it; the others (and all of them with
+    // MXMOE_SM90_FP8_BLOCK=dequant, the backward with =forward) with power-of-two scales through the
+    // BF16 kernels on dequantized operands (exact; src/cuda/quant/fp8_block.cu). Its quantizers are
+    // cuda_portable's.
     const bool gemm = q.step == detail::Step::gemm_m || q.step == detail::Step::gemm_k;
     const bool fp8_kernel = (q.step == detail::Step::gemm_m && q.gemm_m != nullptr && fp8_block_kernel_takes(*q.gemm_m)) ||
                             (q.step == detail::Step::gemm_k && q.gemm_k != nullptr && fp8_block_wgrad_takes(*q.gemm_k));
     if (q.recipe == Recipe::fp8_blockwise && gemm && !q.pow2_scales && !fp8_kernel)
-      return {false, "fp8_blockwise dgrad and wgrad GEMMs with fp32 (not power-of-two) scales need FP8 wgmma on "
-                     "transposed operands, opt-in (MXMOE_SM90_FP8_BLOCK=backward) until run on a GPU; "
-                     "power-of-two scales (pow2_scales) run here"};
+      return {false, "this fp8_blockwise GEMM with fp32 (not power-of-two) scales needs the FP8-wgmma kernels, which do "
+                     "not take it here (shape rules, or MXMOE_SM90_FP8_BLOCK=forward/dequant); power-of-two scales "
+                     "(pow2_scales) run on the dequantized BF16 path"};
     std::string why;
     switch (q.step) {
       case detail::Step::gemm_m:

@@ -94,7 +94,7 @@ void run_gemm_k(const KGroupedGemmArgs& a, cudaStream_t stream) {
 }  // namespace
 
 // MXFP8 operands (column-wise, blocks of 32 tokens restarting at each group): both are dequantized
-// FP8 blockwise (the opt-in FP8 backward, MXMOE_SM90_FP8_BLOCK=backward): both operands transposed
+// FP8 blockwise (the FP8 backward, on unless MXMOE_SM90_FP8_BLOCK=forward or dequant): both operands transposed
 // into whole-block K-major copies (transpose_token_blocks), then the FP8-wgmma kernel with the
 // per-block outer-product promotion acc = fma(partial, s_a(m) s_b(n), acc).
 bool fp8_block_wgrad_takes(const KGroupedGemmArgs& a) {
@@ -125,8 +125,10 @@ void run_gemm_k_blk(const KGroupedGemmArgs& a, cudaStream_t stream) {
   const CUtensorMap mb = make_tensor_map_u8_sw128("b", bt, {static_cast<uint64_t>(tp), static_cast<uint64_t>(n)},
                                                   {static_cast<uint64_t>(tp)}, {kFp8Block, kBlkN / 2});
   const int64_t tiles = static_cast<int64_t>(experts) * p.m_tiles * p.n_tiles;
-  if (fp8_scales_staged()) launch<SBlkWgrad>(p, tiles, ma, mb, mb, stream);
-  else launch<BlkWgrad>(p, tiles, ma, mb, mb, stream);
+  switch (fp8_mainloop()) {
+    case Fp8Mainloop::staged: launch<SBlkWgrad>(p, tiles, ma, mb, mb, stream); break;
+    case Fp8Mainloop::l2: launch<BlkWgrad>(p, tiles, ma, mb, mb, stream); break;
+  }
 }
 }  // namespace
 

@@ -79,8 +79,14 @@ inline constexpr int kEwEpiBytes = kBlockM * BN * 4 + kEwWarps * 2 * BN * 4;
 //           spill in glu_forward, so it was taken out again.)
 //   Mx::blk_staged  the same, with the scales staged per stage in shared memory by warps 1-3 of the
 //           producer warp group (as the MXFP8 scale loaders; CUTLASS stages them through its producer
-//           too) instead of each consumer loading its own from L2; opt-in MXMOE_SM90_FP8_SCALES=staged
-//           (gemm_m_blk.cu, gemm_k.cu), a measurement variant, not yet run on a GPU.
+//           too) instead of each consumer loading its own from L2: the default since session 10
+//           (gemm_m_blk.cu, gemm_k.cu; MXMOE_SM90_FP8_MAINLOOP=l2 selects Mx::blk). H200, dsv3 skew,
+//           mxmoe bench: FC1 fprop 2.73 vs 3.15 ms, FC2 fprop 1.03 vs 1.13, FC2 wgrad 2.20 vs 2.72.
+//           Still: ncu puts the SM at 57% of peak (tensor pipe the busiest; FC1 and FC2 fprop alike); 19-21% of
+//           the warp samples wait at the k-block's wgmma_wait<0>. A variant whose two consumer warp
+//           groups issued their k-blocks in turn (named barriers, so that one promotes while the
+//           other's wgmmas run) measured the same (FC1 2.69 vs 2.73 ms, FC2 1.08 vs 1.03) and was
+//           taken out again.
 enum class Mx : uint8_t { none, a, ab, blk, blk_staged };
 template <int BN_, Major AMajor_, Major BMajor_, Grouping G_, Epi E_, int Cluster_ = 1, Mx Mx_ = Mx::none>
 struct KernelConfig {

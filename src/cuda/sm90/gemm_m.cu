@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "src/common/fp8_block.h"
 #include "src/cuda/common/check.h"
 #include "src/cuda/common/reductions.h"
 #include "src/cuda/cuda_ops.h"
@@ -80,6 +81,16 @@ std::string fp8_block_refusal(const detail::MGemmStep& s) {
   const MGroupedGemmArgs& g = s.gemm;
   if (!g.b.is_fp8_block()) return "an fp8_block A needs fp8_block weights";
   if (g.b.data.per_expert() || g.b.scales.per_expert()) return "per-expert fp8_block weight pointers";
+  if (const TensorView& t = g.b.transposed.dense; t.data != nullptr) {
+    const TensorView& d = g.b.data.dense;
+    const TensorView& ts = g.b.transposed_scales.dense;
+    if (g.b.transposed.per_expert() || g.b.transposed_scales.per_expert() || t.dtype != DType::e4m3 || t.rank != 3 ||
+        d.rank != 3 || t.shape[0] != d.shape[0] || t.shape[1] != d.shape[2] || t.shape[2] != d.shape[1])
+      return "b.transposed must be a dense e4m3 tensor [E, cols, rows] of B's [E, rows, cols]";
+    if (ts.data == nullptr || ts.dtype != DType::f32 || ts.numel() != d.shape[0] * fp8_weight_scale_count(d.shape[2], d.shape[1]))
+      return "b.transposed_scales must be f32 [E, fp8_weight_scale_count(cols, rows)]";
+    if (!tma_aligned(t.data)) return "b.transposed's address is not 16-byte aligned (TMA)";
+  }
   const bool mx_out = s.out_row.data.data != nullptr || s.out_col.data.data != nullptr;
   if (mx_out && s.epilogue == detail::Epilogue::store) return "quantized outputs of the store epilogue";
   if (std::string why = width_refusal(g.a.mx.data.shape[1], detail::gemm_width(s)); !why.empty()) return why;
@@ -377,14 +388,16 @@ void run_gemm_m(const detail::MGemmStep& s, cudaStream_t stream) {
 }
 }  // namespace
 
-// The backward on FP8 wgmma (dgrads: B_e [K, N] transposed into a transient [N, K] copy first;
-// wgrads: gemm_k.cu): written in session 9 without a GPU run, so opt-in
-// (MXMOE_SM90_FP8_BLOCK=backward, read per call) until the GPU tests (GpuGemmM.Fp8BlockDgrad*,
-// GpuGemmK.Fp8Block*, GpuLayer.Fp8BlockwiseWithFp8Backward*) have run them.
-bool fp8_backward_on() { return env_is("MXMOE_SM90_FP8_BLOCK", "backward"); }
+// The backward on FP8 wgmma (dgrads: B_e [K, N] read as its prepared transpose, or transposed into a
+// transient [N, K] copy first; wgrads: gemm_k.cu), the default since session 10 (GPU tests
+// GpuGemmM.Fp8BlockDgrad*, GpuGemmK.Fp8Block*, GpuLayer.Fp8BlockwiseWithFp8Backward* pass on the
+// H200; dsv3: FC2 dgrad kernel 1.11 ms vs 1.45 + 1.09 ms dequant for the BF16 kernel on dequantized
+// operands). MXMOE_SM90_FP8_BLOCK (read per call): `forward` keeps the backward on the dequantized
+// BF16 path (power-of-two scales only), `dequant` the forward too (comparison runs).
+bool fp8_backward_on() { return !env_is("MXMOE_SM90_FP8_BLOCK", "forward") && !env_is("MXMOE_SM90_FP8_BLOCK", "dequant"); }
 
 bool fp8_block_kernel_takes(const detail::MGemmStep& s) {
-  static const bool off = env_is("MXMOE_SM90_FP8_BLOCK", "dequant");
+  const bool off = env_is("MXMOE_SM90_FP8_BLOCK", "dequant");
   const MGroupedGemmArgs& g = s.gemm;
   if (off || !g.a.is_fp8_block() || !fp8_block_refusal(s).empty()) return false;
   if (g.b_kn && !fp8_backward_on()) return false;
@@ -402,9 +415,11 @@ namespace {
 // token blocks) is written in bf16 (the step's, or a transient one) and quantized from there
 // (docs/numerics.md "Quantized value").
 void run_gemm_m_blk(const detail::MGemmStep& s0, cudaStream_t stream) {
-  // A dgrad: B_e [K, N] as stored -> [N, K] (K-major, what FP8 wgmma reads) with its block scales.
+  // A dgrad: B_e [K, N] as stored -> [N, K] (K-major, what FP8 wgmma reads) with its block scales:
+  // the prepared transpose (ExpertOperand::transposed, prepare_weights) or a transient one.
   const TensorView& bd = s0.gemm.b.data.dense;
-  const bool transpose = s0.gemm.b_kn;
+  const bool prepared = s0.gemm.b_kn && s0.gemm.b.transposed.dense.data != nullptr;
+  const bool transpose = s0.gemm.b_kn && !prepared;
   const int64_t E = bd.shape[0], br = bd.shape[1], bc = bd.shape[2];
   const int64_t scale_count = E * ceil_div(br, kFp8Block) * ceil_div(bc, kFp8Block);
   Workspace tmp(staged_output_bytes(s0) +
@@ -418,6 +433,11 @@ void run_gemm_m_blk(const detail::MGemmStep& s0, cudaStream_t stream) {
                                 qt, st, stream);
     s.gemm.b.data.dense = TensorView::of(qt, DType::e4m3, {E, bc, br}, bd.device);
     s.gemm.b.scales.dense = TensorView::of(st, DType::f32, {scale_count}, bd.device);
+    s.gemm.b.dequantized = ExpertMatrices{};
+    s.gemm.b_kn = false;
+  } else if (prepared) {
+    s.gemm.b.data.dense = s0.gemm.b.transposed.dense;
+    s.gemm.b.scales.dense = s0.gemm.b.transposed_scales.dense;
     s.gemm.b.dequantized = ExpertMatrices{};
     s.gemm.b_kn = false;
   }

@@ -15,8 +15,7 @@ constexpr int kPair = 2;  // CTA pairs along M sharing (multicasting) the B tile
 using BlkStore = KernelConfig<kBlkN, Major::k, Major::k, Grouping::m, Epi::store, kPair, Mx::blk>;
 using BlkGluFwd = KernelConfig<kBlkN, Major::k, Major::k, Grouping::m, Epi::glu_forward, kPair, Mx::blk>;
 using BlkGluBwd = KernelConfig<kBlkN, Major::k, Major::k, Grouping::m, Epi::glu_backward, kPair, Mx::blk>;
-// The same with the scales staged in shared memory by the producer's idle warps (opt-in
-// MXMOE_SM90_FP8_SCALES=staged; a measurement variant, not yet run on a GPU).
+// The same with the scales staged in shared memory by the producer's idle warps (the default).
 using SBlkStore = KernelConfig<kBlkN, Major::k, Major::k, Grouping::m, Epi::store, kPair, Mx::blk_staged>;
 using SBlkGluFwd = KernelConfig<kBlkN, Major::k, Major::k, Grouping::m, Epi::glu_forward, kPair, Mx::blk_staged>;
 using SBlkGluBwd = KernelConfig<kBlkN, Major::k, Major::k, Grouping::m, Epi::glu_backward, kPair, Mx::blk_staged>;
@@ -32,11 +31,16 @@ void launch_epilogue(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t
 
 }  // namespace
 
-bool fp8_scales_staged() { return env_is("MXMOE_SM90_FP8_SCALES", "staged"); }
+Fp8Mainloop fp8_mainloop() {
+  if (env_is("MXMOE_SM90_FP8_MAINLOOP", "l2")) return Fp8Mainloop::l2;
+  return Fp8Mainloop::staged;
+}
 
 void launch_gemm_m_blk(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t stream) {
-  if (fp8_scales_staged()) launch_epilogue<SBlkStore, SBlkGluFwd, SBlkGluBwd>(s, plan, stream);
-  else launch_epilogue<BlkStore, BlkGluFwd, BlkGluBwd>(s, plan, stream);
+  switch (fp8_mainloop()) {
+    case Fp8Mainloop::staged: launch_epilogue<SBlkStore, SBlkGluFwd, SBlkGluBwd>(s, plan, stream); break;
+    case Fp8Mainloop::l2: launch_epilogue<BlkStore, BlkGluFwd, BlkGluBwd>(s, plan, stream); break;
+  }
 }
 
 }  // namespace mxmoe::cuda::sm90

@@ -33,15 +33,18 @@ void launch_gemm_m_mx(const detail::MGemmStep& s, const MPlan& plan, int bn, cud
 bool env_is(const char* name, const char* value);
 // MXMOE_SM90_FP8_B=convert: MXFP8 B of the store epilogue stays FP8 (gemm_kernel.cuh Mx::ab).
 bool fp8_b_in_kernel();
-// MXMOE_SM90_FP8_BLOCK=backward (read per call): fp8_blockwise dgrads and wgrads on FP8 wgmma.
+// fp8_blockwise dgrads and wgrads on FP8 wgmma (read per call: off with MXMOE_SM90_FP8_BLOCK=forward
+// or dequant).
 bool fp8_backward_on();
 
 // gemm_m_blk.cu: the FP8-wgmma kernel of a planned fp8_blockwise step (plan_gemm_m with kBlkN):
 // store, glu_forward or glu_backward, B_e [N, K] (a dgrad's weights transposed first).
 inline constexpr int kBlkN = 128;
-// MXMOE_SM90_FP8_SCALES=staged: the FP8-blockwise kernels with their scales staged in shared memory
-// by the producer's warps 1-3 (gemm_kernel.cuh Mx::blk_staged), a measurement variant.
-bool fp8_scales_staged();
+// The FP8-blockwise mainloop (MXMOE_SM90_FP8_MAINLOOP, read per call): the scales staged in shared
+// memory by the producer's warps 1-3 (default, gemm_kernel.cuh Mx::blk_staged; 8-16% faster than l2
+// on dsv3, session 10), or each consumer loading its own from L2 (`l2`, Mx::blk).
+enum class Fp8Mainloop { staged, l2 };
+Fp8Mainloop fp8_mainloop();
 void launch_gemm_m_blk(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t stream);
 
 // The k-grouped (wgrad) GEMM, likewise: tile width `bn` along N, 128 along M.

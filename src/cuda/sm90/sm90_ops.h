@@ -13,11 +13,11 @@ std::string gemm_m_refusal(const detail::MGemmStep& s);
 std::string gemm_k_refusal(const KGroupedGemmArgs& a);
 
 // Whether an fp8_blockwise step runs on the FP8-wgmma kernels (any f32 scales): FC1 and FC2
-// forward; with MXMOE_SM90_FP8_BLOCK=backward (opt-in until run on a GPU) the dgrads too, on
-// transposed weight copies. Other fp8_blockwise steps need power-of-two scales (BF16 kernels on the
-// dequantized operands). MXMOE_SM90_FP8_BLOCK=dequant turns the FP8 kernels off (comparison runs).
+// forward and the dgrads (on transposed weight copies). Steps they do not take need power-of-two
+// scales (BF16 kernels on the dequantized operands). MXMOE_SM90_FP8_BLOCK=forward keeps the
+// backward on that path, =dequant the forward too (comparison runs).
 bool fp8_block_kernel_takes(const detail::MGemmStep& s);
-// The same for an fp8_blockwise wgrad (opt-in MXMOE_SM90_FP8_BLOCK=backward, with the dgrads).
+// The same for an fp8_blockwise wgrad (with the dgrads).
 bool fp8_block_wgrad_takes(const KGroupedGemmArgs& a);
 
 void gemm_m(const detail::MGemmStep& s, void* stream);

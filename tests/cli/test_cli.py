@@ -94,17 +94,14 @@ def case_small_tokens():
 
 
 def case_fp8_blockwise():
-    """--recipe fp8_blockwise passes its checks (on the CPU, or on a GPU with --pow2-scales);
-    --pow2-scales is taken with it and refused with another recipe."""
-    for extra in (["--backend", "cpu"], ["--pow2-scales"]):  # the second on the GPU where there is one
+    """--recipe fp8_blockwise passes its checks (on the CPU; on a GPU with --pow2-scales, and with fp32
+    scales where cuda_sm90 serves it); --pow2-scales is taken with it and refused with another recipe."""
+    for extra in (["--backend", "cpu"], ["--pow2-scales"], []):  # the last two on the GPU where there is one
         expect(["run", "--tokens", "200", "--skew", "--bias", "--recipe", "fp8_blockwise"] + extra, 0,
                "run --recipe fp8_blockwise %s passes" % " ".join(extra),
                stdout_has=("fp64 reference", "result    PASS"))
     expect(["run", "--backend", "cpu", "--tokens", "8", "--recipe", "mxfp8", "--pow2-scales"], 2,
            "--pow2-scales with mxfp8 is a usage error", stderr_has=("pow2_scales",))
-    # bench: fp8_blockwise's GPU backward takes power-of-two scales only, so the flag is required.
-    expect(["bench", "--recipe", "fp8_blockwise"], 2, "bench --recipe fp8_blockwise needs --pow2-scales",
-           stderr_has=("--pow2-scales",))
     expect(["bench", "--recipe", "bf16", "--pow2-scales"], 2, "bench --pow2-scales with bf16 is a usage error",
            stderr_has=("--pow2-scales is for",))
 

@@ -163,8 +163,8 @@ std::optional<int> parse_args(int argc, char** argv, CliOptions& o) {
   run->add_flag("--skew", o.skew, "skewed token split (Dirichlet(0.5), some experts empty); default balanced");
   enum_option<Recipe>(run, "--recipe", o.recipe,
                       {{"mxfp8", Recipe::mxfp8}, {"bf16", Recipe::bf16}, {"fp8_blockwise", Recipe::fp8_blockwise}},
-                      "numeric recipe (default mxfp8; fp8_blockwise on a GPU needs --pow2-scales: its backward GEMMs with "
-                      "fp32 scales are not written yet)");
+                      "numeric recipe (default mxfp8; fp8_blockwise with fp32 scales runs on a Hopper GPU (cuda_sm90), "
+                      "on other GPUs only with --pow2-scales, else on the CPU)");
   run->add_flag("--pow2-scales", o.pow2_scales, "fp8_blockwise: power-of-two scales");
   enum_option<Activation>(run, "--activation", o.activation,
                           {{"swiglu", Activation::swiglu}, {"clamped_swiglu", Activation::clamped_swiglu}},
@@ -192,7 +192,8 @@ std::optional<int> parse_args(int argc, char** argv, CliOptions& o) {
   preset_option(bench, o, "one preset (default: every preset but small)");
   enum_option<Recipe>(bench, "--recipe", o.recipe,
                       {{"mxfp8", Recipe::mxfp8}, {"bf16", Recipe::bf16}, {"fp8_blockwise", Recipe::fp8_blockwise}},
-                      "one recipe (default: mxfp8 and bf16; fp8_blockwise needs --pow2-scales on a GPU)");
+                      "one recipe (default: mxfp8 and bf16; fp8_blockwise with fp32 scales needs a Hopper GPU, "
+                      "--pow2-scales any GPU)");
   bench->add_flag("--pow2-scales", o.pow2_scales, "fp8_blockwise: power-of-two scales");
   bench->add_flag("--skew", o.skew, "the skewed split only (default: balanced and skewed)");
   enum_option<DType>(bench, "--dw-dtype", o.dw_dtype, {{"bf16", DType::bf16}, {"f32", DType::f32}},

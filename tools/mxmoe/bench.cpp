@@ -5,7 +5,7 @@
 // every output written once). bench/peer_torch.py measures torch._grouped_mm on the same shapes
 // in the same session and prints ratios against the JSON this writes.
 //
-//   mxmoe bench [--preset NAME] [--recipe mxfp8|bf16|fp8_blockwise --pow2-scales] [--skew] [--dw-dtype bf16|f32] [--seed N] [--json FILE]
+//   mxmoe bench [--preset NAME] [--recipe mxfp8|bf16|fp8_blockwise [--pow2-scales]] [--skew] [--dw-dtype bf16|f32] [--seed N] [--json FILE]
 // The problem's sizes are the presets' (bench/peer_torch.py re-times the same shapes): the run
 // flags that change them (--hidden, --tokens, ...) are not bench flags and are rejected.
 #include <nlohmann/json.hpp>
@@ -28,8 +28,6 @@ namespace mxmoe::cli {
 namespace {
 // Usage errors of the recipe flags, the same with and without CUDA.
 void check_bench_recipe(const CliOptions& o) {
-  if (o.recipe == Recipe::fp8_blockwise && !o.pow2_scales)
-    throw UsageError("--recipe fp8_blockwise: the GPU's backward GEMMs take power-of-two scales only so far; add --pow2-scales");
   if (o.pow2_scales && o.recipe != Recipe::fp8_blockwise) throw UsageError("--pow2-scales is for --recipe fp8_blockwise");
 }
 }  // namespace

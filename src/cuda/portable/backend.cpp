@@ -24,8 +24,8 @@ class CudaPortableBackend final : public detail::Backend {
   detail::Probe probe(const detail::StepQuery& q) const override {
     const bool gemm = q.step == detail::Step::gemm_m || q.step == detail::Step::gemm_k;
     if (q.recipe == Recipe::fp8_blockwise && gemm && !q.pow2_scales)
-      return {false, "fp8_blockwise GEMMs with fp32 (not power-of-two) scales need FP8 MMAs with promotion every 128, "
-                     "not written yet; power-of-two scales (pow2_scales) run here"};
+      return {false, "fp8_blockwise GEMMs with fp32 (not power-of-two) scales need FP8 MMAs with promotion every 128 "
+                     "(cuda_sm90 has them, on a Hopper GPU); power-of-two scales (pow2_scales) run here"};
     return {true, ""};
   }
   void quantize(Context& c, const QuantizeArgs& a) override { cuda::quantize(a, c.options().stream); }

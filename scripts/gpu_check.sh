@@ -3,7 +3,7 @@
 # label included), compute-sanitizer memcheck and racecheck over the kernel tests, the main job on
 # its GPU default (dsv3), the benchmark and the torch peer beside it. Logs go to $OUT (or ./out).
 # GoogleTest is not installed there: carry a copy in .deps/gtest (see docs/gpu_machine.md).
-#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench|moe|fp8]...   (default: all but kernels, ncu, moe, fp8)
+#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench|moe|fp8|profile]...   (default: all but kernels, ncu, moe, fp8, profile)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-out}")
@@ -107,6 +107,18 @@ for s in $steps; do
         summary "fp8 bench ($mode)" "rc=$?"
         grep -E '^  ' "$OUT/fp8_bench_$mode.log" | cut -c1-110
       done ;;
+    profile)
+      # bench/layer_profile.py with the built extension: torch.profiler's per-kernel CUDA times of one
+      # GroupedMLP forward+backward (no nsys there), PROFILE_ARGS (default: dsv3, skewed, fp8_blockwise)
+      # -> $OUT/profile.md.
+      if [ -f $B/python/libmxmoe_torch.so ]; then
+        PYTHONPATH=python MXMOE_TORCH_LIBRARY="$PWD/$B/python/libmxmoe_torch.so" timeout 120 \
+          python3 bench/layer_profile.py ${PROFILE_ARGS:---preset dsv3 --skew --recipe fp8_blockwise} >"$OUT/profile.md" 2>&1
+        summary "layer profile" "rc=$?"
+        sed -n '/^### Per kernel/,$p' "$OUT/profile.md" | head -25
+      else
+        summary "layer profile" "skipped: the torch extension was not built (PyTorch not found at configure time)"
+      fi ;;
     moe)
       # bench/moe_block_peer.py with the built extension: mxmoe permute/unpermute against PyTorch ops
       # (argsort, gathers, index_add; eager and torch.compile) and the device copy, and the whole MoE block

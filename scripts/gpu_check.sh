@@ -3,7 +3,7 @@
 # label included), compute-sanitizer memcheck and racecheck over the kernel tests, the main job on
 # its GPU default (dsv3), the benchmark and the torch peer beside it. Logs go to $OUT (or ./out).
 # GoogleTest is not installed there: carry a copy in .deps/gtest (see docs/gpu_machine.md).
-#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench|moe|fp8|profile]...   (default: all but kernels, ncu, moe, fp8, profile)
+#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench|moe|fp8|fp8ncu|profile]...   (default: all but kernels, ncu, moe, fp8, fp8ncu, profile)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-out}")
@@ -107,6 +107,21 @@ for s in $steps; do
         summary "fp8 bench ($mode)" "rc=$?"
         grep -E '^  ' "$OUT/fp8_bench_$mode.log" | cut -c1-110
       done ;;
+    fp8ncu)
+      # ncu --set full on the first FP8 launches of `mxmoe bench --preset FP8_PRESET --skew --recipe
+      # fp8_blockwise` (launches 0 and 1 of grouped_gemm_kernel: FC1 fprop with the GLU epilogue, FC2
+      # fprop): $OUT/fp8ncu_details.txt, the raw page of every collected metric (fp8ncu_raw.csv.gz:
+      # tensor pipe, shared-memory wavefronts and bank reads, L2) and the SASS source counters with stall
+      # reasons (fp8ncu_sass.csv.gz). FP8NCU_ENV adds variables, e.g. 'MXMOE_SM90_FP8_MAINLOOP=l2'.
+      env ${FP8NCU_ENV:-} timeout ${NCU_TIMEOUT:-180} ncu -k regex:grouped_gemm_kernel --launch-skip 0 --launch-count 2 \
+        --set full --import-source yes --kill yes -f -o /tmp/fp8ncu $B/mxmoe bench --preset ${FP8_PRESET:-dsv3} --skew \
+        --recipe fp8_blockwise >"$OUT/fp8ncu.log" 2>&1
+      summary "fp8 ncu" "rc=$?"
+      ncu -i /tmp/fp8ncu.ncu-rep --page details >"$OUT/fp8ncu_details.txt" 2>&1
+      ncu -i /tmp/fp8ncu.ncu-rep --page raw --csv 2>/dev/null | gzip >"$OUT/fp8ncu_raw.csv.gz"
+      ncu -i /tmp/fp8ncu.ncu-rep --page source --csv --print-source sass 2>/dev/null | gzip >"$OUT/fp8ncu_sass.csv.gz"
+      grep -E "grouped_gemm|Duration|SM Frequency|Compute \(SM\) Throughput|L2 Cache Throughput|Issue Slots Busy|No Eligible|pipeline" \
+        "$OUT/fp8ncu_details.txt" | cut -c1-150 | head -24 ;;
     profile)
       # bench/layer_profile.py with the built extension: torch.profiler's per-kernel CUDA times of one
       # GroupedMLP forward+backward (no nsys there), PROFILE_ARGS (default: dsv3, skewed, fp8_blockwise)

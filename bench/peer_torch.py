@@ -640,6 +640,27 @@ def build_markdown(meta, mx, peer_splits, rows):
                      f"{_tf(r['mxmoe_tflops'])} | {_cell_text(r['eager_cell'])[0]} | {_ratio(ratio)} | "
                      f"{bar:.1f} {verdict} | {f_txt} | {_tf(r.get('fp8_tflops'))} | {_ratio(r.get('fp8_ratio'))} |")
         L.append("")
+    fp8_layer = [r for r in rows if r["op"] in ("layer_fwd_bwd", "layer_fwd_bwd_prepared")
+                 and str(r["recipe"]).startswith("fp8_blockwise")]
+    if fp8_layer:
+        L.append("## FP8-blockwise layer forward+backward against the BF16 layers")
+        L.append("")
+        L.append(f"Bar (issue 10): at least {LAYER_COMPILE_TARGET['fp8_blockwise']:.1f}x the torch.compile BF16 layer. "
+                 "`layer_fwd_bwd` quantizes the weights in the call, `layer_fwd_bwd_prepared` reuses "
+                 "`prepare_weights`' copies.")
+        L.append("")
+        L.append("| preset | split | op | recipe | mxmoe ms | torch eager ms | eager/mxmoe | torch.compile ms | "
+                 "compile/mxmoe | bar |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|")
+        for r in fp8_layer:
+            bar = LAYER_COMPILE_TARGET.get(r["recipe"])
+            ratio = r["compile_ratio"]
+            verdict = "" if ratio is None or bar is None else ("meets" if ratio >= bar else "below")
+            L.append(f"| {r['preset']} | {r['split']} | {r['op']} | {r['recipe']} | {_fmt_ms(r['mxmoe_ms'])} | "
+                     f"{_cell_text(r['eager_cell'])[0]} | {_ratio(r['eager_ratio'])} | "
+                     f"{_cell_text(r['compile_cell'])[0]} | {_ratio(ratio)} | "
+                     f"{'' if bar is None else f'{bar:.1f} {verdict}'} |")
+        L.append("")
 
     L.append("## All rows")
     L.append("")
@@ -911,6 +932,12 @@ def selftest(out_dir=None):
     assert "| dsv3 | balanced | fc1_fprop | fp8_blockwise_pow2 | " in fp8_sec and "1.8 meets" in fp8_sec, fp8_sec
     r = next(r for r in rows if r["recipe"] == "fp8_blockwise_pow2" and r["op"] == "fc2_wgrad" and r["split"] == "skew")
     assert abs(r["fp8_ratio"] - 1.2) < 1e-9 and abs(r["eager_ratio"] - 2.0) < 1e-9, r
+    # ... and the layer rows against the BF16 layers, with the 1.7 bar
+    fp8_layer_sec = md.split("## FP8-blockwise layer")[1].split("## All rows")[0]
+    r = next(r for r in rows if r["recipe"] == "fp8_blockwise_pow2" and r["op"] == "layer_fwd_bwd" and r["split"] == "skew")
+    assert r["compile_ratio"] is not None and r["compile_ratio"] >= 1.7, r
+    assert "| dsv3 | skew | layer_fwd_bwd | fp8_blockwise_pow2 | " in fp8_layer_sec and "1.7 meets" in fp8_layer_sec, \
+        fp8_layer_sec
     with open(os.path.join(tmp, "peer.json")) as f:
         pj = json.load(f)
     assert len(pj["rows"]) == n_expected and pj["peer"][0]["ops"]["fc1_fprop"]["eager"]["ms"] > 0

@@ -41,7 +41,7 @@ bool fp8_backward_on();
 // store, glu_forward or glu_backward, B_e [N, K] (a dgrad's weights transposed first).
 inline constexpr int kBlkN = 128;
 // The FP8-blockwise mainloop (MXMOE_SM90_FP8_MAINLOOP, read per call): the scales staged in shared
-// memory by the producer's warps 1-3 (default, gemm_kernel.cuh Mx::blk_staged; 8-16% faster than l2
+// memory by the producer's warps 1-3 (default, gemm_kernel.cuh Mx::blk_staged; 8-22% less time per GEMM than l2
 // on dsv3, session 10), or each consumer loading its own from L2 (`l2`, Mx::blk).
 enum class Fp8Mainloop { staged, l2 };
 Fp8Mainloop fp8_mainloop();

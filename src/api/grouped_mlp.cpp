@@ -4,7 +4,6 @@
 // (docs/numerics.md "Layer dataflow").
 #include "mxmoe/grouped_mlp.h"
 
-#include <cstdlib>
 #include <new>
 #include <optional>
 #include <string>
@@ -14,6 +13,7 @@
 #include "src/api/layer_validate.h"
 #include "src/common/checked.h"
 #include "src/common/fp8_block.h"
+#include "src/common/sm90_switches.h"
 
 namespace mxmoe {
 
@@ -321,15 +321,6 @@ int64_t prepare_memory(const Problem& p, bool copies, bool transposed) {
 
 }  // namespace
 
-namespace {
-// cuda_sm90's FP8-blockwise switch (src/cuda/sm90/gemm_m.cu fp8_backward_on, read per call there):
-// `forward` or `dequant` put its backward GEMMs on the dequantized BF16 path.
-bool sm90_fp8_backward_off() {
-  const char* v = std::getenv("MXMOE_SM90_FP8_BLOCK");
-  return v != nullptr && (std::string(v) == "forward" || std::string(v) == "dequant");
-}
-// Whether cuda_sm90 is the backend the layer's GEMMs run on for device d (available, not denied,
-// not overridden by a forced backend).
 bool sm90_serves(const Context& ctx, Device d) {
   if (d.type != DeviceType::cuda) return false;
   const Options& o = ctx.options();
@@ -341,6 +332,10 @@ bool sm90_serves(const Context& ctx, Device d) {
     if (b.name == sm90) return b.available;
   return false;
 }
+
+namespace {
+// cuda_sm90's backward GEMMs on the dequantized BF16 path (MXMOE_SM90_FP8_BLOCK=forward or dequant).
+bool sm90_fp8_backward_off() { return sm90_fp8_block_mode() != Sm90Fp8Block::all; }
 }  // namespace
 
 bool want_transposed_copies(const Context& ctx, const Problem& p, const WeightsArgs& w, Device d) {

@@ -80,6 +80,9 @@ struct OwnedExpertMxfp8 {
 // power-of-two scales, whose GEMMs run on the dequantized weights), and cuda_sm90 serves device d
 // and is neither denied nor overridden by a forced backend (src/api/grouped_mlp.cpp).
 bool want_bf16_copies(const Context& ctx, const Problem& p, const WeightsArgs& w, Device d);
+// Whether cuda_sm90 is the backend the layer's GEMMs run on for device d: available there, neither
+// denied nor overridden by a forced backend in ctx's options.
+bool sm90_serves(const Context& ctx, Device d);
 // Whether transposed fp8_block weight copies pay (prepare_weights, `mxmoe bench`): fp8_blockwise,
 // asked for (w.bf16_copies), cuda_sm90 serves device d as above, and its FP8 dgrads are on (not
 // MXMOE_SM90_FP8_BLOCK=forward or dequant: then the bf16 copies above serve power-of-two scales).

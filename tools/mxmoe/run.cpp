@@ -269,21 +269,12 @@ void progress(const char* phase) { std::fprintf(stderr, "mxmoe: %s\n", phase); }
 
 }  // namespace
 
-// Whether cuda_sm90 serves GPU 0 (this build has it and the device is sm_90), with its FP8-wgmma
-// kernels for every fp8_blockwise GEMM, fp32 scales included.
-bool sm90_on_gpu0() {
-  Context ctx;
-  for (const BackendInfo& b : ctx.backends(Device{DeviceType::cuda, 0}))
-    if (b.name == "cuda_sm90") return b.available;
-  return false;
-}
-
 int command_run(const CliOptions& o) {
-  // fp8_blockwise with fp32 scales runs on the GPU where cuda_sm90 serves it (FP8 wgmma); elsewhere
-  // the GPU's GEMMs take power-of-two scales only, so without a --backend it runs on the CPU (and
-  // says so).
+  // fp8_blockwise with fp32 scales runs on the GPU where cuda_sm90 serves it (FP8 wgmma, every GEMM);
+  // elsewhere the GPU's GEMMs take power-of-two scales only, so without a --backend it runs on the
+  // CPU (and says so).
   const bool fp8_on_cpu = o.recipe == Recipe::fp8_blockwise && !o.pow2_scales && o.backend.empty() &&
-                          cuda_device_count() > 0 && !sm90_on_gpu0();
+                          cuda_device_count() > 0 && !detail::sm90_serves(Context{}, Device{DeviceType::cuda, 0});
   const bool gpu = cuda_device_count() > 0 && o.backend != "cpu" && !fp8_on_cpu;
   const RunConfig cfg = resolve_config(o, gpu);
   const Problem& p = cfg.problem;

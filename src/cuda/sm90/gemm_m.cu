@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "src/common/fp8_block.h"
+#include "src/common/sm90_switches.h"
 #include "src/cuda/common/check.h"
 #include "src/cuda/common/reductions.h"
 #include "src/cuda/cuda_ops.h"
@@ -393,11 +394,11 @@ void run_gemm_m(const detail::MGemmStep& s, cudaStream_t stream) {
 // GpuGemmM.Fp8BlockDgrad*, GpuGemmK.Fp8Block*, GpuLayer.Fp8BlockwiseWithFp8Backward* pass on the
 // H200; dsv3: FC2 dgrad kernel 1.11 ms vs 1.45 + 1.09 ms dequant for the BF16 kernel on dequantized
 // operands). MXMOE_SM90_FP8_BLOCK (read per call): `forward` keeps the backward on the dequantized
-// BF16 path (power-of-two scales only), `dequant` the forward too (comparison runs).
-bool fp8_backward_on() { return !env_is("MXMOE_SM90_FP8_BLOCK", "forward") && !env_is("MXMOE_SM90_FP8_BLOCK", "dequant"); }
+// BF16 path (power-of-two scales only), `dequant` the forward too (src/common/sm90_switches.h).
+bool fp8_backward_on() { return sm90_fp8_block_mode() == Sm90Fp8Block::all; }
 
 bool fp8_block_kernel_takes(const detail::MGemmStep& s) {
-  const bool off = env_is("MXMOE_SM90_FP8_BLOCK", "dequant");
+  const bool off = sm90_fp8_block_mode() == Sm90Fp8Block::dequant;
   const MGroupedGemmArgs& g = s.gemm;
   if (off || !g.a.is_fp8_block() || !fp8_block_refusal(s).empty()) return false;
   if (g.b_kn && !fp8_backward_on()) return false;
@@ -418,26 +419,25 @@ void run_gemm_m_blk(const detail::MGemmStep& s0, cudaStream_t stream) {
   // A dgrad: B_e [K, N] as stored -> [N, K] (K-major, what FP8 wgmma reads) with its block scales:
   // the prepared transpose (ExpertOperand::transposed, prepare_weights) or a transient one.
   const TensorView& bd = s0.gemm.b.data.dense;
-  const bool prepared = s0.gemm.b_kn && s0.gemm.b.transposed.dense.data != nullptr;
-  const bool transpose = s0.gemm.b_kn && !prepared;
+  const bool transpose = s0.gemm.b_kn && s0.gemm.b.transposed.dense.data == nullptr;
   const int64_t E = bd.shape[0], br = bd.shape[1], bc = bd.shape[2];
   const int64_t scale_count = E * ceil_div(br, kFp8Block) * ceil_div(bc, kFp8Block);
   Workspace tmp(staged_output_bytes(s0) +
                     (transpose ? Workspace::aligned(E * br * bc) + Workspace::aligned(scale_count * 4) : 0),
                 stream);
   detail::MGemmStep s = with_bf16_output(s0, tmp);
-  if (transpose) {
-    uint8_t* qt = tmp.take<uint8_t>(E * br * bc);
-    float* st = tmp.take<float>(scale_count);
-    transpose_fp8_block_weights(bd.ptr<uint8_t>(), static_cast<const float*>(s0.gemm.b.scales.dense.data), E, br, bc,
-                                qt, st, stream);
-    s.gemm.b.data.dense = TensorView::of(qt, DType::e4m3, {E, bc, br}, bd.device);
-    s.gemm.b.scales.dense = TensorView::of(st, DType::f32, {scale_count}, bd.device);
-    s.gemm.b.dequantized = ExpertMatrices{};
-    s.gemm.b_kn = false;
-  } else if (prepared) {
-    s.gemm.b.data.dense = s0.gemm.b.transposed.dense;
-    s.gemm.b.scales.dense = s0.gemm.b.transposed_scales.dense;
+  if (s0.gemm.b_kn) {
+    if (transpose) {
+      uint8_t* qt = tmp.take<uint8_t>(E * br * bc);
+      float* st = tmp.take<float>(scale_count);
+      transpose_fp8_block_weights(bd.ptr<uint8_t>(), static_cast<const float*>(s0.gemm.b.scales.dense.data), E, br, bc,
+                                  qt, st, stream);
+      s.gemm.b.data.dense = TensorView::of(qt, DType::e4m3, {E, bc, br}, bd.device);
+      s.gemm.b.scales.dense = TensorView::of(st, DType::f32, {scale_count}, bd.device);
+    } else {
+      s.gemm.b.data.dense = s0.gemm.b.transposed.dense;
+      s.gemm.b.scales.dense = s0.gemm.b.transposed_scales.dense;
+    }
     s.gemm.b.dequantized = ExpertMatrices{};
     s.gemm.b_kn = false;
   }

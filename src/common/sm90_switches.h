@@ -1,0 +1,22 @@
+// cuda_sm90's fp8_blockwise switch, read per call both by the backend (src/cuda/sm90/gemm_m.cu: which
+// GEMMs run on FP8 wgmma) and by prepare_weights (src/api/grouped_mlp.cpp: which weight copies pay),
+// so that the two never disagree:
+//   MXMOE_SM90_FP8_BLOCK unset    every fp8_blockwise GEMM on FP8 wgmma (the default)
+//                        forward  the backward GEMMs on the dequantized BF16 path (pow2 scales only)
+//                        dequant  every GEMM on that path (comparison runs)
+#pragma once
+#include <cstdlib>
+#include <cstring>
+
+namespace mxmoe {
+
+enum class Sm90Fp8Block { all, forward, dequant };
+
+inline Sm90Fp8Block sm90_fp8_block_mode() {
+  const char* v = std::getenv("MXMOE_SM90_FP8_BLOCK");
+  if (v != nullptr && std::strcmp(v, "forward") == 0) return Sm90Fp8Block::forward;
+  if (v != nullptr && std::strcmp(v, "dequant") == 0) return Sm90Fp8Block::dequant;
+  return Sm90Fp8Block::all;
+}
+
+}  // namespace mxmoe

@@ -187,15 +187,18 @@ MXMOE_API void mxmoe_prepared_weights_destroy(mxmoe_prepared_weights prepared);
 typedef struct mxmoe_permute_args {
   size_t struct_size;
   mxmoe_tensor x;          /* bf16 [T, H] */
-  mxmoe_tensor expert_ids; /* i32 [T, K] */
+  mxmoe_tensor expert_ids; /* i32 or i64 [T, K] */
   mxmoe_tensor probs;      /* optional f32 [T, K] */
   int64_t experts;         /* E >= 1 */
   int64_t capacity;        /* rows kept per expert; -1: every row */
   mxmoe_tensor offsets;    /* out i32 [E+1] */
-  mxmoe_tensor permuted_x; /* out bf16 [R, H], R >= mxmoe_permuted_rows_bound(); rows past offsets[E] untouched */
+  mxmoe_tensor permuted_x; /* out bf16 [R, H], R >= mxmoe_permuted_rows_bound(); rows past offsets[E] untouched
+                              (or zeros with zero_unused_rows) */
   mxmoe_tensor row_map;    /* out i32 [T, K] */
   mxmoe_tensor permuted_probs; /* out f32 [R], given exactly when probs is */
   mxmoe_tensor invalid;        /* optional out i32 [1] */
+  int32_t zero_unused_rows;    /* appended: nonzero writes rows offsets[E] .. R-1 (permuted_x and
+                                  permuted_probs) as zeros; absent (older struct_size): 0 */
 } mxmoe_permute_args;
 
 /* y[t] = bf16(fp32 sum over k of permuted_y[row_map[t, k]]); also permute's backward (dx, and
@@ -209,7 +212,8 @@ typedef struct mxmoe_unpermute_args {
   mxmoe_tensor probs;          /* out f32 [T, K], given exactly when permuted_probs is */
 } mxmoe_unpermute_args;
 
-/* permuted_x[row_map[t, k]] = x[t] for an existing row_map; also unpermute's backward. */
+/* permuted_x[row_map[t, k]] = x[t] for an existing row_map (other rows untouched, or zeros with
+ * zero_unused_rows); also unpermute's backward. */
 typedef struct mxmoe_permute_by_map_args {
   size_t struct_size;
   mxmoe_tensor x;              /* bf16 [T, H] */
@@ -217,6 +221,7 @@ typedef struct mxmoe_permute_by_map_args {
   mxmoe_tensor probs;          /* optional f32 [T, K] */
   mxmoe_tensor permuted_x;     /* out bf16 [R, H] */
   mxmoe_tensor permuted_probs; /* out f32 [R], given exactly when probs is */
+  int32_t zero_unused_rows;    /* appended: nonzero writes the rows no slot names as zeros; absent: 0 */
 } mxmoe_permute_by_map_args;
 
 /* Rows permuted_x needs at least: tokens * top_k, or min(tokens * top_k, experts * capacity). */

@@ -44,7 +44,7 @@ inline int64_t permuted_rows_bound(int64_t tokens, int64_t top_k, int64_t expert
 // of its own, which on a GPU costs as much as the permute (the count offsets[E] stays on the device).
 struct PermuteArgs {
   TensorView x;               // bf16 [T, H]
-  TensorView expert_ids;      // i32 [T, K], K >= 1, T * K <= 2^31 - 1
+  TensorView expert_ids;      // i32 or i64 [T, K] (torch.topk gives i64), K >= 1, T * K <= 2^31 - 1
   TensorView probs;           // optional f32 [T, K]
   int64_t experts = 0;        // E >= 1
   int64_t capacity = -1;      // C: rows kept per expert; -1 keeps every row
@@ -74,7 +74,9 @@ struct UnpermuteArgs {
 MXMOE_API void unpermute_tokens(Context& ctx, const UnpermuteArgs& args);
 
 // permuted_x[row_map[t, k]] = x[t] (and permuted_probs[row_map[t, k]] = probs[t, k]) for every
-// slot that is not dropped; rows no slot maps to are left untouched. The rows permute_tokens moves,
+// slot that is not dropped; rows no slot maps to are left untouched, or written as zeros (permuted_x
+// and permuted_probs) with zero_unused_rows, so a fresh output needs no zero fill of its own (on a
+// GPU the rows named are marked as they move, then only the others are zeroed). The rows permute_tokens moves,
 // for a routing it already made; also the backward of unpermute_tokens (x = dy, permuted_x =
 // d_permuted_y). row_map entries must be -1 or a row of permuted_x, each row at most once (checked
 // on the host; as permute_tokens writes it).
@@ -84,6 +86,7 @@ struct PermuteByMapArgs {
   TensorView probs;           // optional f32 [T, K]
   TensorView permuted_x;      // out bf16 [R, H]
   TensorView permuted_probs;  // out f32 [R], given exactly when probs is
+  bool zero_unused_rows = false;  // also write the rows no slot names as 0
 };
 MXMOE_API void permute_by_map(Context& ctx, const PermuteByMapArgs& args);
 

@@ -101,12 +101,16 @@ class _PermuteByMapFunction(torch.autograd.Function):
         return dx, None, dprobs, None
 
 
-def _ids(name, ids):
+def _ids(name, ids, keep_int64=False):
+    """int32 as it is; int64 too with keep_int64 (the expert ids: the library reads them, no
+    conversion kernel per call); any other integer dtype converted to int32."""
     if not isinstance(ids, torch.Tensor):
         raise TypeError(f"mxmoe: {name} must be a tensor, got {type(ids).__name__}")
     if ids.dtype not in _INTEGER_DTYPES:
         raise TypeError(f"mxmoe: {name} must have an integer dtype (int32, int64, ...), got {ids.dtype}")
-    return ids if ids.dtype == torch.int32 else ids.to(torch.int32)
+    if ids.dtype == torch.int32 or (keep_int64 and ids.dtype == torch.int64):
+        return ids
+    return ids.to(torch.int32)
 
 
 def _probs(probs):
@@ -116,14 +120,15 @@ def _probs(probs):
 
 
 def permute(x, expert_ids, probs=None, *, experts, capacity=-1):
-    """x bf16 [T, H], expert_ids [T, K] (the router's top-k; any integer dtype, used as int32),
+    """x bf16 [T, H], expert_ids [T, K] (the router's top-k; int32 or int64 read as they are, torch.topk's
+    int64 included; another integer dtype is converted to int32),
     optional probs [T, K] (used as float32) -> Permuted(x, offsets, row_map, probs, invalid).
 
     R = T * K rows, or min(T * K, E * capacity) with capacity >= 0 (each expert keeps its first
     `capacity` rows by token, then slot, and drops the rest). offsets[E] is the number of rows kept:
     T * K when every id is valid and nothing is dropped (known without reading it), otherwise pass
     the first offsets[E] rows to GroupedMLP. Differentiable in x and probs."""
-    out = _PermuteFunction.apply(x, _ids("expert_ids", expert_ids), _probs(probs), experts, capacity)
+    out = _PermuteFunction.apply(x, _ids("expert_ids", expert_ids, keep_int64=True), _probs(probs), experts, capacity)
     return Permuted(*out[:3], out[3] if probs is not None else None, out[4])
 
 

@@ -210,6 +210,17 @@ def test_python_api_conversions_and_results():
     assert torch.equal(mxmoe_torch.permute_by_map(x, p.row_map, rows=30), p.x)
     with pytest.raises(TypeError, match="expert_ids"):
         mxmoe_torch.permute(x, ids.float(), experts=5)
+    # int64 ids go to the library as they are: a value past int32 (2^32 would wrap to expert 0) is
+    # an id outside [0, E), dropped and counted like -1, on the CPU and on a GPU.
+    wide = torch.where((ids >= 0) & (ids < 5), ids.long(), torch.tensor(2 ** 32, dtype=torch.int64))
+    narrow = torch.where((ids >= 0) & (ids < 5), ids, torch.tensor(-1, dtype=torch.int32))
+    devices = ["cpu"] + (["cuda"] if CUDA else [])
+    for dev in devices:
+        got = ops.permute_tokens(x.to(dev), wide.to(dev), probs.to(dev), 5, 6)
+        want = ops.permute_tokens(x, narrow, probs, 5, 6)
+        assert int(want[4]) > 0
+        for g_, w_ in zip(got, want):
+            assert torch.equal(g_.cpu(), w_), dev
 
 
 def test_errors_name_the_argument():

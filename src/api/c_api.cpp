@@ -311,7 +311,7 @@ mxmoe_status mxmoe_permute_tokens(mxmoe_context ctx, const mxmoe_permute_args* a
   return guarded([&] {
     require(ctx, "ctx");
     require(a, "args");
-    check_struct(a->struct_size, sizeof(mxmoe_permute_args), "args");
+    check_struct(a->struct_size, offsetof(mxmoe_permute_args, zero_unused_rows), "args");  // appended
     const PermuteArgs p{.x = view(a->x, "x"),
                         .expert_ids = view(a->expert_ids, "expert_ids"),
                         .probs = view(a->probs, "probs"),
@@ -321,7 +321,9 @@ mxmoe_status mxmoe_permute_tokens(mxmoe_context ctx, const mxmoe_permute_args* a
                         .permuted_x = view(a->permuted_x, "permuted_x"),
                         .row_map = view(a->row_map, "row_map"),
                         .permuted_probs = view(a->permuted_probs, "permuted_probs"),
-                        .invalid = view(a->invalid, "invalid")};
+                        .invalid = view(a->invalid, "invalid"),
+                        .zero_unused_rows = appended(*a, &mxmoe_permute_args::zero_unused_rows,
+                                                     offsetof(mxmoe_permute_args, zero_unused_rows), int32_t{0}) != 0};
     ctx->ctx.clear_report();
     permute_tokens(ctx->ctx, p);
   });
@@ -346,12 +348,15 @@ mxmoe_status mxmoe_permute_by_map(mxmoe_context ctx, const mxmoe_permute_by_map_
   return guarded([&] {
     require(ctx, "ctx");
     require(a, "args");
-    check_struct(a->struct_size, sizeof(mxmoe_permute_by_map_args), "args");
+    check_struct(a->struct_size, offsetof(mxmoe_permute_by_map_args, zero_unused_rows), "args");  // appended
     const PermuteByMapArgs m{.x = view(a->x, "x"),
                              .row_map = view(a->row_map, "row_map"),
                              .probs = view(a->probs, "probs"),
                              .permuted_x = view(a->permuted_x, "permuted_x"),
-                             .permuted_probs = view(a->permuted_probs, "permuted_probs")};
+                             .permuted_probs = view(a->permuted_probs, "permuted_probs"),
+                             .zero_unused_rows = appended(*a, &mxmoe_permute_by_map_args::zero_unused_rows,
+                                                          offsetof(mxmoe_permute_by_map_args, zero_unused_rows),
+                                                          int32_t{0}) != 0};
     ctx->ctx.clear_report();
     permute_by_map(ctx->ctx, m);
   });

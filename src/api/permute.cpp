@@ -36,8 +36,9 @@ std::pair<int64_t, int64_t> dims2(const TensorView& t, const std::string& name, 
 
 // row_map i32 [T, K] with T as given by the call's token-side tensor; returns K. Rows are int32
 // indices, so T * K is bounded by the int32 range.
+// A row map i32 [T, K], or (ids64: the expert ids) i32 or i64 [T, K].
 int64_t check_row_map_shape(const TensorView& row_map, const std::string& name, int64_t tokens, const char* tokens_from,
-                            const CallDevice& d) {
+                            const CallDevice& d, bool ids64 = false) {
   const auto [t, k] = dims2(row_map, name, DType::i32, "[T, K]", kMaxTokens);
   if (t != tokens)
     throw Error(name, "shape " + detail::shape_string(row_map) + " must be [T=" + str(tokens) + ", K] (T from " +
@@ -45,7 +46,10 @@ int64_t check_row_map_shape(const TensorView& row_map, const std::string& name, 
   if (k < 1) throw Error(name, "K=" + str(k) + " must be >= 1 (experts per token)");
   if (detail::checked_mul(t, k, name) > kMaxTokens)
     throw Error(name, "T*K=" + str(t * k) + " slots exceed " + str(kMaxTokens) + " (rows are int32 indices)");
-  check_tensor(row_map, name, DType::i32, {t, k}, d);
+  if (ids64)
+    detail::check_tensor_dtypes(row_map, name, {DType::i32, DType::i64}, {t, k}, d);
+  else
+    check_tensor(row_map, name, DType::i32, {t, k}, d);
   return k;
 }
 
@@ -91,7 +95,7 @@ void permute_tokens(Context& ctx, const PermuteArgs& a) {
   const CallDevice d{a.x.device, "x"};
   const auto [T, H] = dims2(a.x, "x", DType::bf16, "[T, H]", kMaxColumns);
   check_tensor(a.x, "x", DType::bf16, {T, H}, d);
-  const int64_t K = check_row_map_shape(a.expert_ids, "expert_ids", T, "x", d);
+  const int64_t K = check_row_map_shape(a.expert_ids, "expert_ids", T, "x", d, /*ids64=*/true);
   if (a.experts < 1 || a.experts > kMaxExperts)
     throw Error("experts", "E=" + str(a.experts) + " must be in [1, " + str(kMaxExperts) + "]");
   if (a.capacity < -1 || a.capacity > kMaxTokens)

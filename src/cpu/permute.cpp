@@ -33,10 +33,12 @@ int64_t row_of(const int32_t* row_map, int64_t i, int64_t rows) {
 
 }  // namespace
 
-void route_tokens(const detail::RouteTokensStep& s) {
+namespace {
+// ids int32 or int64 (an int64 id outside [0, E) is dropped like any other).
+template <class Id>
+void route_ids(const detail::RouteTokensStep& s, const Id* ids) {
   const int64_t slots = s.expert_ids.numel(), E = s.experts;
-  const int32_t* ids = s.expert_ids.ptr<const int32_t>();
-  auto valid = [E](int32_t id) { return id >= 0 && id < E; };
+  auto valid = [E](Id id) { return id >= 0 && static_cast<int64_t>(id) < E; };
 
   std::vector<int64_t> kept(static_cast<size_t>(E), 0);
   int64_t invalid = 0;
@@ -56,7 +58,7 @@ void route_tokens(const detail::RouteTokensStep& s) {
   std::vector<int64_t> taken(static_cast<size_t>(E), 0);
   int32_t* row_map = s.row_map.ptr<int32_t>();
   for (int64_t i = 0; i < slots; ++i) {  // i = t * K + k: token order, then slot order
-    const int32_t e = ids[i];
+    const Id e = ids[i];
     if (!valid(e) || taken[e] == kept[e]) {
       row_map[i] = -1;
       continue;
@@ -70,6 +72,14 @@ void route_tokens(const detail::RouteTokensStep& s) {
                 static_cast<size_t>((s.zero_x.shape[0] - used) * s.zero_x.shape[1] * 2));
   if (s.zero_probs.data && s.zero_probs.shape[0] > used)
     std::memset(s.zero_probs.ptr<float>() + used, 0, static_cast<size_t>((s.zero_probs.shape[0] - used) * 4));
+}
+}  // namespace
+
+void route_tokens(const detail::RouteTokensStep& s) {
+  if (s.expert_ids.dtype == DType::i64)
+    route_ids(s, s.expert_ids.ptr<const int64_t>());
+  else
+    route_ids(s, s.expert_ids.ptr<const int32_t>());
 }
 
 void permute_rows(const PermuteByMapArgs& a) {
@@ -88,6 +98,15 @@ void permute_rows(const PermuteByMapArgs& a) {
       if (H > 0) std::memcpy(out + row * H, x + t * H, static_cast<size_t>(H) * sizeof(uint16_t));
       if (out_probs) out_probs[row] = probs[t * K + k];
     }
+  if (!a.zero_unused_rows) return;
+  std::vector<char> named(static_cast<size_t>(R), 0);
+  for (int64_t i = 0; i < T * K; ++i)
+    if (const int64_t row = row_of(row_map, i, R); row >= 0) named[row] = 1;
+  for (int64_t r = 0; r < R; ++r) {
+    if (named[r]) continue;
+    if (H > 0) std::memset(out + r * H, 0, static_cast<size_t>(H) * sizeof(uint16_t));
+    if (out_probs) out_probs[r] = 0.0f;
+  }
 }
 
 void unpermute_rows(const UnpermuteArgs& a) {

@@ -127,7 +127,7 @@ struct Fc2BiasGradStep {
 // of the valid ids, capped at the capacity, prefix-summed into offsets; the row of every
 // (token, slot) in expert, token, slot order, or -1; the number of ids outside [0, E).
 struct RouteTokensStep {
-  TensorView expert_ids;  // i32 [T, K]
+  TensorView expert_ids;  // i32 or i64 [T, K]
   int64_t experts = 0;    // E
   int64_t capacity = -1;  // C >= 0, or -1: keep every row
   TensorView offsets;     // i32 [E+1]

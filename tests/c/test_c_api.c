@@ -321,6 +321,26 @@ static void permute_unpermute(mxmoe_context ctx) {
   CHECK(mxmoe_permute_by_map(ctx, &m) == MXMOE_OK, "%s", mxmoe_last_error());
   CHECK(memcmp(permuted2, permuted, sizeof permuted) == 0 && memcmp(pprobs2, pprobs, sizeof pprobs) == 0,
         "permute_by_map moved other rows than permute_tokens");
+  /* zero_unused_rows (appended): a row no slot names becomes zeros; a struct_size ending before the
+   * field is still taken (the field reads as 0: the row stays as it was). */
+  m.row_map.shape[0] = PT - 1; /* the last token's rows are named by no slot */
+  m.x.shape[0] = PT - 1;
+  m.probs.shape[0] = PT - 1;
+  memset(permuted2, 0xFF, sizeof permuted2);
+  m.struct_size = offsetof(mxmoe_permute_by_map_args, zero_unused_rows);
+  CHECK(mxmoe_permute_by_map(ctx, &m) == MXMOE_OK, "old struct_size: %s", mxmoe_last_error());
+  CHECK(permuted2[row_map[(PT - 1) * PK] * PH] == 0xFFFF, "an old struct_size zeroed a row");
+  m.struct_size = sizeof m;
+  m.zero_unused_rows = 1;
+  CHECK(mxmoe_permute_by_map(ctx, &m) == MXMOE_OK, "%s", mxmoe_last_error());
+  for (int k = 0; k < PK; ++k) {
+    const int32_t r = row_map[(PT - 1) * PK + k];
+    for (int h = 0; h < PH; ++h) CHECK(permuted2[r * PH + h] == 0, "unnamed row %d not zeroed", r);
+    CHECK(pprobs2[r] == 0.0f, "unnamed row %d's prob not zeroed", r);
+  }
+  for (int i = 0; i < (PT - 1) * PK; ++i)
+    CHECK(memcmp(&permuted2[row_map[i] * PH], &permuted[row_map[i] * PH], PH * sizeof(uint16_t)) == 0,
+          "named row of slot %d", i);
 
   memset(permuted, 0x5A, sizeof permuted);
   memcpy(before, permuted, sizeof permuted);

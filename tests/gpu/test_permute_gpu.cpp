@@ -49,12 +49,15 @@ struct Case {
                             // entry points want 16-byte aligned device data, so such a case calls
                             // the backend's steps directly, as the entry points do after validation.
   bool zero_unused = false; // permute_tokens writes rows offsets[E] .. R-1 as zeros (zero_unused_rows)
+  bool ids64 = false;       // the device gets the ids as int64, invalid ones as values past int32
+                            // among them (2^32 would wrap to expert 0); the CPU reference int32
 };
 
 std::string describe(const Case& c) {
   return "T=" + std::to_string(c.T) + " K=" + std::to_string(c.K) + " E=" + std::to_string(c.E) +
          " C=" + std::to_string(c.C) + " H=" + std::to_string(c.H) + " invalid=" + std::to_string(c.invalid) +
-         " active=" + std::to_string(c.active) + (c.misaligned ? " misaligned" : "") + (c.zero_unused ? " zero_unused" : "");
+         " active=" + std::to_string(c.active) + (c.misaligned ? " misaligned" : "") + (c.zero_unused ? " zero_unused" : "") +
+         (c.ids64 ? " ids64" : "");
 }
 
 // A device buffer shaped like a host tensor, its view `skew` bytes into the allocation.
@@ -133,6 +136,19 @@ HostTensor make_ids(const Case& c, std::mt19937_64& gen) {
   return ids;
 }
 
+// The ids as int64: valid ones unchanged, invalid ones as int64 values outside [0, E), some past
+// int32 (2^32 and 2^32 + 1 would wrap to experts 0 and 1).
+HostTensor widened_ids(const HostTensor& ids, int64_t E, std::mt19937_64& gen) {
+  HostTensor w(DType::i64, {ids.view.shape[0], ids.view.shape[1]});
+  const int64_t bad[] = {int64_t{1} << 32, (int64_t{1} << 32) + 1, INT64_MIN, INT64_MAX, -1, E, int64_t{INT32_MAX} + 1};
+  std::uniform_int_distribution<int> which(0, static_cast<int>(std::size(bad)) - 1);
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    const int32_t id = ids.ptr<int32_t>()[i];
+    w.ptr<int64_t>()[i] = id >= 0 && id < E ? id : bad[which(gen)];
+  }
+  return w;
+}
+
 // Random bf16 rows with a few specials (NaN with payloads, a signalling NaN, +-Inf, the largest
 // finite, a subnormal, -0), each in its own column: a slot sum meets at most one of them, so the
 // NaN it yields does not depend on which operand the host's addition puts first.
@@ -181,7 +197,8 @@ Outputs run_cpu(const Case& c, const Inputs& in, int64_t R) {
                        .row_map = o.row_map.view,
                        .probs = in.dprobs.view,
                        .permuted_x = o.by_map_x.view,
-                       .permuted_probs = o.by_map_probs.view});
+                       .permuted_probs = o.by_map_probs.view,
+                       .zero_unused_rows = c.zero_unused});
   for (const StepRecord& r : ctx.report()) EXPECT_EQ(r.backend, "cpu") << r.step;
   return o;
 }
@@ -217,7 +234,7 @@ struct DeviceRun {
                                  c.zero_unused ? permuted_probs.view : TensorView{}});
       direct->permute_rows(ctx, {x.view, row_map.view, probs.view, permuted_x.view, permuted_probs.view});
       direct->unpermute_rows(ctx, {py.view, row_map.view, pprobs.view, y.view, probs_out.view});
-      direct->permute_rows(ctx, {dy.view, row_map.view, dprobs.view, by_map_x.view, by_map_probs.view});
+      direct->permute_rows(ctx, {dy.view, row_map.view, dprobs.view, by_map_x.view, by_map_probs.view, c.zero_unused});
       return;
     }
     permute_tokens(ctx, {.x = x.view,
@@ -240,7 +257,8 @@ struct DeviceRun {
                          .row_map = row_map.view,
                          .probs = dprobs.view,
                          .permuted_x = by_map_x.view,
-                         .permuted_probs = by_map_probs.view});
+                         .permuted_probs = by_map_probs.view,
+                         .zero_unused_rows = c.zero_unused});
   }
   void expect_equal(const Outputs& want, const std::string& what) {
     cuda_ok(cudaDeviceSynchronize());
@@ -287,11 +305,13 @@ void check_case(detail::Backend& backend, const Case& c) {
   const int64_t R = rows_for(c);
   const Inputs in = make_inputs(c, R, gen);
   const Outputs want = run_cpu(c, in, R);
+  Inputs dev_in = in;
+  if (c.ids64) dev_in.ids = widened_ids(in.ids, c.E, gen);
 
   cudaStream_t stream;
   cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
-    DeviceRun dev(c, in, want, c.misaligned ? 2 : 0);
+    DeviceRun dev(c, dev_in, want, c.misaligned ? 2 : 0);
     Context ctx(Options{.backend = backend.name(), .stream = stream});
     for (int rerun = 0; rerun < 2; ++rerun) {  // the second run must give the same bytes again
       dev.poison();
@@ -322,9 +342,9 @@ TEST_P(GpuPermute, EdgeShapesMatchCpuBitExactly) {
 #endif
 }
 
-// zero_unused_rows (what the torch op asks for instead of a zero fill): rows past offsets[E] become
-// zeros on the device, every other byte as without it; capacity drops, invalid ids, no drops at all
-// (nothing to zero), no tokens, 2-byte rows.
+// zero_unused_rows (what the torch ops ask for instead of a zero fill): permute_tokens' rows past
+// offsets[E] and permute_by_map's rows no slot names become zeros on the device, every other byte as
+// without it; capacity drops, invalid ids, no drops at all (nothing to zero), no tokens, 2-byte rows.
 TEST_P(GpuPermute, ZeroUnusedRowsMatchesCpu) {
 #if defined(MXMOE_WITH_CUDA)
   const Case cases[] = {
@@ -351,6 +371,20 @@ TEST_P(GpuPermute, RoutingAcrossExpertCountsAndCapacitiesMatchesCpu) {
       {40000, 8, 256, -1, 16, 0.01},          // 320000 slots: hundreds of tiles
       {40000, 8, 256, 50000, 16, 0, 3},       // three experts take every slot across the tiles
       {20000, 8, 5000, 20, 16, 0.01, 40},     // radix sort over many tiles, capacity inside tiles
+  };
+  for (const Case& c : cases) check_case(backend(), c);
+#endif
+}
+
+// int64 ids (torch.topk's dtype) on every routing plan: one CTA, fused, column scan, radix sort.
+TEST_P(GpuPermute, Int64IdsMatchTheInt32Reference) {
+#if defined(MXMOE_WITH_CUDA)
+  const Case cases[] = {
+      {100, 2, 8, -1, 16, 0.1, 0, false, false, true},     // one CTA
+      {4096, 8, 32, -1, 64, 0.02, 0, false, true, true},   // fused plan, zero_unused
+      {4096, 4, 32, 100, 24, 0.05, 0, false, true, true},  // fused plan, capacity drops, zero_unused
+      {40000, 8, 256, -1, 16, 0.01, 0, false, false, true},  // column scan
+      {2000, 4, 5000, 3, 8, 0.05, 0, false, true, true},   // radix sort, capacity, zero_unused
   };
   for (const Case& c : cases) check_case(backend(), c);
 #endif

@@ -287,6 +287,18 @@ TEST_P(PermuteCases, PermuteByMapMovesTheSameRowsAsPermuteTokens) {
                        .permuted_probs = pp.view});
   EXPECT_TRUE(bytes_equal(px.view, p.permuted_x.view));
   EXPECT_TRUE(bytes_equal(pp.view, p.permuted_probs.view));
+  // zero_unused_rows: the rows no slot names (here those past offsets[E]) become zeros, as
+  // permute_tokens' own zero_unused_rows writes them.
+  const Permuted z = run_permute(in, c, rows, ctx, /*zero_unused=*/true);
+  HostTensor zx = poisoned(DType::bf16, {rows, c.H}), zp = poisoned(DType::f32, {rows});
+  permute_by_map(ctx, {.x = in.x.view,
+                       .row_map = p.row_map.view,
+                       .probs = in.probs.view,
+                       .permuted_x = zx.view,
+                       .permuted_probs = zp.view,
+                       .zero_unused_rows = true});
+  EXPECT_TRUE(bytes_equal(zx.view, z.permuted_x.view));
+  EXPECT_TRUE(bytes_equal(zp.view, z.permuted_probs.view));
 }
 
 // permute_tokens' backward is unpermute_tokens: <P x, g> = <x, U g> and, for the probs,
@@ -385,6 +397,32 @@ TEST(Permute, OutOfRangeIdsAreDroppedCountedAndTakeNoCapacity) {
             (std::vector<int32_t>{-1, 0, -1, 1, -1, -1}));
   EXPECT_EQ(std::vector<int32_t>(p.offsets.ptr<int32_t>(), p.offsets.ptr<int32_t>() + 3),
             (std::vector<int32_t>{0, 2, 2}));
+}
+
+// int64 ids (torch.topk's dtype) route exactly as the same values in int32; a value past int32
+// (2^32 would wrap to expert 0) is an id outside [0, E): dropped and counted.
+TEST(Permute, Int64IdsRouteAsInt32AndValuesPastInt32AreInvalid) {
+  const Case c{.T = 40, .K = 3, .E = 5, .capacity = 20, .H = 8};
+  HostTensor x(DType::bf16, {c.T, c.H}), ids32(DType::i32, {c.T, c.K}), ids64(DType::i64, {c.T, c.K});
+  for (int64_t i = 0; i < x.numel(); ++i) x.ptr<uint16_t>()[i] = bf16_from_f32(0.25f * static_cast<float>(i % 97));
+  std::mt19937 gen(7);
+  const int64_t wide[] = {int64_t{1} << 32, (int64_t{1} << 32) + 2, INT64_MIN, INT64_MAX, -1, 5};
+  for (int64_t i = 0; i < ids32.numel(); ++i) {
+    const int32_t id = static_cast<int32_t>(gen() % 5);
+    const bool bad = gen() % 6 == 0;
+    ids32.ptr<int32_t>()[i] = bad ? -1 : id;
+    ids64.ptr<int64_t>()[i] = bad ? wide[gen() % 6] : id;
+  }
+  Context ctx;
+  const HostTensor probs = random_f32({c.T, c.K});
+  const Permuted want = run_permute({x, ids32, probs}, c, c.T * c.K, ctx);
+  const Permuted got = run_permute({x, ids64, probs}, c, c.T * c.K, ctx);
+  EXPECT_GT(want.invalid.ptr<int32_t>()[0], 0);
+  EXPECT_EQ(got.invalid.bytes, want.invalid.bytes);
+  EXPECT_EQ(got.offsets.bytes, want.offsets.bytes);
+  EXPECT_EQ(got.row_map.bytes, want.row_map.bytes);
+  EXPECT_EQ(got.permuted_x.bytes, want.permuted_x.bytes);
+  EXPECT_EQ(got.permuted_probs.bytes, want.permuted_probs.bytes);
 }
 
 TEST(Unpermute, OfPermuteIsKTimesXWhenEverySlotIsKept) {

@@ -133,8 +133,8 @@ TEST(PermuteValidation, XMustBeBf16AndPresent) {
       },
       "x", "must be [T, H]");
 }
-TEST(PermuteValidation, ExpertIdsMustBeI32WithTheTokensOfX) {
-  expect_permute_error([](auto& f) { f.a.expert_ids.dtype = DType::i64; }, "expert_ids", "dtype i64 is not i32");
+TEST(PermuteValidation, ExpertIdsMustBeI32OrI64WithTheTokensOfX) {
+  expect_permute_error([](auto& f) { f.a.expert_ids.dtype = DType::f32; }, "expert_ids", "dtype f32 is not i32 or i64");
   expect_permute_error([](auto& f) { f.a.expert_ids.shape[0] = kT - 1; }, "expert_ids", "must be [T=6, K] (T from x)");
   expect_permute_error([](auto& f) { f.a.expert_ids.shape[1] = 0; }, "expert_ids", "K=0 must be >= 1");
   expect_permute_error([](auto& f) { f.a.expert_ids = {}; }, "expert_ids", "missing");

@@ -45,7 +45,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> permute_t
   at::Tensor offsets = at::empty({std::max<int64_t>(experts, 0) + 1}, i32);
   at::Tensor row_map = at::empty(expert_ids.sizes(), i32);
   at::Tensor permuted_probs = given(probs) ? at::empty({R}, x.options().dtype(at::kFloat)) : no_probs(x);
-  at::Tensor invalid = at::zeros({1}, i32);
+  at::Tensor invalid = at::empty({1}, i32);  // always written by the routing
   PermuteArgs a;
   a.x = view(x);
   a.expert_ids = view(expert_ids);
@@ -94,14 +94,16 @@ std::tuple<at::Tensor, at::Tensor> permute_by_map(const at::Tensor& x_in, const 
   TORCH_CHECK(rows >= 0, "mxmoe: permute_by_map: rows=", rows, " must be >= 0");
   const at::Tensor x = x_in.contiguous(), row_map = row_map_in.contiguous();
   const std::optional<at::Tensor> probs = contiguous(probs_in);
-  at::Tensor permuted_x = at::zeros({rows, x.size(1)}, x.options());
-  at::Tensor permuted_probs = given(probs) ? at::zeros({rows}, x.options().dtype(at::kFloat)) : no_probs(x);
+  // Uninitialized: the library zeroes the rows no slot names (zero_unused_rows), cheaper than a fill.
+  at::Tensor permuted_x = at::empty({rows, x.size(1)}, x.options());
+  at::Tensor permuted_probs = given(probs) ? at::empty({rows}, x.options().dtype(at::kFloat)) : no_probs(x);
   PermuteByMapArgs a;
   a.x = view(x);
   a.row_map = view(row_map);
   a.probs = view(probs);
   a.permuted_x = view(permuted_x);
   if (given(probs)) a.permuted_probs = view(permuted_probs);
+  a.zero_unused_rows = true;
   CallContext cc(x);
   mxmoe::permute_by_map(cc.get(), a);
   return {permuted_x, permuted_probs};

@@ -59,7 +59,8 @@ constexpr int kScanThreads = 1024;         // column scan, expert bounds and off
 
 // One counting sort over `n` keys (a digit of them, or the key itself).
 struct SortPass {
-  const int32_t* keys;     // first pass: the ids in slot order
+  const int32_t* keys;     // first pass: the ids in slot order (int32), or
+  const int64_t* keys64;   //   these (int64 ids, first pass only; outside int32 -> the drop bin)
   const int32_t* vals;     // the slot of each key; nullptr: the key's index (first pass)
   int64_t n;               // keys; with `dropped`, their upper bound
   const int32_t* dropped;  // device: subtracted from n (later passes: the ids the first one dropped)
@@ -107,7 +108,14 @@ __device__ __forceinline__ void load_batch(const SortPass& p, WarpRange r, int64
 #pragma unroll
   for (int u = 0; u < kRouteBatch; ++u) {
     const int64_t i = base + u * 32 + lane;
-    key[u] = i < r.end ? __ldg(p.keys + i) : 0;
+    if (i >= r.end) {
+      key[u] = 0;
+    } else if (p.keys64 != nullptr) {  // an int64 id outside [0, E) is dropped: any value past int32 is
+      const int64_t id = __ldg(p.keys64 + i);
+      key[u] = id >= 0 && id <= INT32_MAX ? static_cast<int32_t>(id) : -1;
+    } else {
+      key[u] = __ldg(p.keys + i);
+    }
   }
 #pragma unroll
   for (int u = 0; u < kRouteBatch; ++u) bin[u] = base + u * 32 + lane < r.end ? bin_of(key[u], p) : kNoSlot;
@@ -192,7 +200,20 @@ struct AssignOut {
   int32_t capacity;    // direct: rows kept per expert (INT32_MAX: all)
   int32_t* keys_out;   // sort passes: keys and slots in the pass's order
   int32_t* vals_out;
+  // direct, optional (RouteTokensStep::zero_x / zero_probs): rows offsets[E] .. rows-1 written as
+  // zeros by the assign CTAs together, once every CTA knows offsets[E] (its start[bins]).
+  void* zero_x;        // [zero_rows, zero_row_bytes]; 16-byte vectors when zero_vec16, else 2-byte
+  float* zero_probs;   // [zero_rows]
+  int64_t zero_rows, zero_row_bytes;
+  bool zero_vec16;
 };
+
+template <class V>
+__device__ __forceinline__ void zero_tail(V* out, int64_t first, int64_t n) {
+  for (int64_t i = first + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = V{};
+}
 
 // Where an assign CTA gets the bins' totals and its tile's first position in each bin:
 enum class Totals {
@@ -337,6 +358,21 @@ __global__ void __launch_bounds__(kRouteThreads)
         const int32_t to = start[bin[u]] + at;
         o.keys_out[to] = key[u];
         o.vals_out[to] = val[u];
+      }
+    }
+  }
+
+  // 5. Direct: the rows no slot took (offsets[E] = start[bins] .. zero_rows-1), striped over the CTAs.
+  if (kDirect && (o.zero_x != nullptr || o.zero_probs != nullptr)) {
+    const int64_t used = min(static_cast<int64_t>(start[p.bins]), o.zero_rows);
+    if (o.zero_probs != nullptr) zero_tail(o.zero_probs, used, o.zero_rows);
+    if (o.zero_x != nullptr) {
+      if (o.zero_vec16) {
+        const int64_t v = o.zero_row_bytes / 16;
+        zero_tail(static_cast<uint4*>(o.zero_x), used * v, o.zero_rows * v);
+      } else {
+        const int64_t v = o.zero_row_bytes / 2;
+        zero_tail(static_cast<uint16_t*>(o.zero_x), used * v, o.zero_rows * v);
       }
     }
   }
@@ -502,7 +538,8 @@ __device__ __forceinline__ int32_t row_or_drop(int32_t r, int64_t rows) { return
 template <int W, int U>
 __device__ __forceinline__ void permute_token(const Vec<W>* __restrict__ x, const int32_t* __restrict__ row_map,
                                               const float* __restrict__ probs, Vec<W>* __restrict__ out,
-                                              float* __restrict__ out_probs, const MoveShape& s, int64_t t, int lane) {
+                                              float* __restrict__ out_probs, uint8_t* __restrict__ named,
+                                              const MoveShape& s, int64_t t, int lane) {
   const int32_t* map = row_map + t * s.top_k;
   const bool probs_in_regs = out_probs != nullptr && s.top_k <= s.team;  // one probability per lane
   int32_t prob_row = -1;
@@ -531,6 +568,12 @@ __device__ __forceinline__ void permute_token(const Vec<W>* __restrict__ x, cons
       }
     }
   }
+  if (named != nullptr) {  // zero_unused_rows: the rows this token fills
+    for (int k = lane; k < s.top_k; k += s.team) {
+      const int32_t r = row_or_drop(__ldg(map + k), s.rows);
+      if (r >= 0) named[r] = 1;
+    }
+  }
   if (out_probs == nullptr) return;
   if (probs_in_regs) {
     const int32_t r = row_or_drop(prob_row, s.rows);
@@ -547,9 +590,25 @@ template <int W, int U>
 __global__ void __launch_bounds__(kMoveThreads)
     permute_rows_kernel(const Vec<W>* __restrict__ x, const int32_t* __restrict__ row_map,
                         const float* __restrict__ probs, Vec<W>* __restrict__ out, float* __restrict__ out_probs,
-                        MoveShape s) {
+                        uint8_t* __restrict__ named, MoveShape s) {
   const TeamSlot me = team_slot(s);
-  if (me.t < s.tokens) permute_token<W, U>(x, row_map, probs, out, out_probs, s, me.t, me.lane);
+  if (me.t < s.tokens) permute_token<W, U>(x, row_map, probs, out, out_probs, named, s, me.t, me.lane);
+}
+
+// zero_unused_rows of permute_by_map: every row the move did not mark, as zeros (a warp per row; a
+// marked row costs one byte read). V: 16-byte vectors where the rows allow, else 2 bytes.
+template <class V>
+__global__ void __launch_bounds__(kMoveThreads)
+    zero_unnamed_rows_kernel(const uint8_t* __restrict__ named, int64_t rows, int64_t row_vecs, V* __restrict__ out,
+                             float* __restrict__ out_probs) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kMoveThreads / 32);
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * (kMoveThreads / 32) + threadIdx.x / 32; r < rows; r += warps) {
+    if (named[r]) continue;
+    V* row = out + r * row_vecs;
+    for (int64_t v = lane; v < row_vecs; v += 32) row[v] = V{};
+    if (lane == 0 && out_probs != nullptr) out_probs[r] = 0.0f;
+  }
 }
 
 // acc + v in fp32, round to nearest, with the NaN the host reference gets on x86 (SSE propagates
@@ -668,8 +727,9 @@ constexpr int kPermuteVecs = 4;  // vectors per thread loaded before the K store
 
 template <int W, int U>
 void launch_permute(const Vec<W>* x, const int32_t* row_map, const float* probs, Vec<W>* out, float* out_probs,
-                    const MoveShape& s, cudaStream_t stream) {
-  permute_rows_kernel<W, U><<<move_blocks(s), move_threads(s), 0, stream>>>(x, row_map, probs, out, out_probs, s);
+                    uint8_t* named, const MoveShape& s, cudaStream_t stream) {
+  permute_rows_kernel<W, U><<<move_blocks(s), move_threads(s), 0, stream>>>(x, row_map, probs, out, out_probs, named,
+                                                                            s);
   MXMOE_CUDA_CHECK_LAUNCH();
 }
 
@@ -703,11 +763,12 @@ void zero_rows_from(const int32_t* used, int64_t rows, int64_t row_bytes, void* 
 }
 }  // namespace
 
-static void route_ids(const detail::RouteTokensStep& s, cudaStream_t stream);
+// Returns whether the routing wrote the zero rows itself (the direct plans' assign kernel does).
+static bool route_ids(const detail::RouteTokensStep& s, cudaStream_t stream);
 
 void route_tokens(const detail::RouteTokensStep& s, void* stream_ptr) {
   const cudaStream_t stream = as_stream(stream_ptr);
-  route_ids(s, stream);
+  if (route_ids(s, stream)) return;
   const int32_t* used = s.offsets.ptr<const int32_t>() + s.experts;
   if (s.zero_x.data) {
     const int64_t row_bytes = s.zero_x.shape[1] * 2;
@@ -719,12 +780,14 @@ void route_tokens(const detail::RouteTokensStep& s, void* stream_ptr) {
   if (s.zero_probs.data) zero_rows_from<float>(used, s.zero_probs.shape[0], 4, s.zero_probs.data, stream);
 }
 
-static void route_ids(const detail::RouteTokensStep& s, cudaStream_t stream) {
+static bool route_ids(const detail::RouteTokensStep& s, cudaStream_t stream) {
   const int64_t slots = s.expert_ids.numel(), E = s.experts;
   if (E < 1 || E >= INT32_MAX)
     throw Error("experts", "E=" + std::to_string(E) + " is outside what the device routing takes");
   const int32_t capacity = s.capacity < 0 ? INT32_MAX : static_cast<int32_t>(std::min<int64_t>(s.capacity, INT32_MAX));
-  const int32_t* ids = s.expert_ids.ptr<const int32_t>();
+  const bool ids64 = s.expert_ids.dtype == DType::i64;
+  const int32_t* ids = ids64 ? nullptr : s.expert_ids.ptr<const int32_t>();
+  const int64_t* ids_64 = ids64 ? s.expert_ids.ptr<const int64_t>() : nullptr;
   int32_t* row_map = s.row_map.ptr<int32_t>();
   int32_t* offsets = s.offsets.ptr<int32_t>();
   int32_t* invalid = s.invalid.data != nullptr ? s.invalid.ptr<int32_t>() : nullptr;
@@ -732,13 +795,20 @@ static void route_ids(const detail::RouteTokensStep& s, cudaStream_t stream) {
   if (E <= kMaxBins) {  // one counting sort, the id as the bin
     const int64_t cols = E + 1;
     const RouteGeometry g = route_geometry(slots, cols);
-    const AssignOut o{row_map, offsets, invalid, capacity, nullptr, nullptr};
-    SortPass p{ids, nullptr, slots, nullptr, static_cast<int32_t>(E), true, true, 0, static_cast<int>(E), g.tile,
+    AssignOut o{row_map, offsets, invalid, capacity, nullptr, nullptr, nullptr, nullptr, 0, 0, false};
+    if (s.zero_x.data != nullptr || s.zero_probs.data != nullptr) {
+      o.zero_x = s.zero_x.data;
+      o.zero_probs = s.zero_probs.data != nullptr ? s.zero_probs.ptr<float>() : nullptr;
+      o.zero_rows = s.zero_x.data != nullptr ? s.zero_x.shape[0] : s.zero_probs.shape[0];
+      o.zero_row_bytes = s.zero_x.data != nullptr ? s.zero_x.shape[1] * 2 : 0;
+      o.zero_vec16 = o.zero_row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(s.zero_x.data) % 16 == 0;
+    }
+    SortPass p{ids, ids_64, nullptr, slots, nullptr, static_cast<int32_t>(E), true, true, 0, static_cast<int>(E), g.tile,
                nullptr};
     if (g.tiles == 1) {  // one CTA counts, scans and assigns: one launch, no scratch
       route_assign_kernel<true, Totals::kSingle><<<1, kRouteThreads, 0, stream>>>(p, nullptr, o);
       MXMOE_CUDA_CHECK_LAUNCH();
-      return;
+      return true;
     }
     const bool fused = g.tiles * cols <= kFusedScanBudget;  // two launches: count, assign
     Workspace ws(Workspace::aligned(g.tiles * cols * 4) + (fused ? 0 : Workspace::aligned(cols * 4)), stream);
@@ -749,10 +819,10 @@ static void route_ids(const detail::RouteTokensStep& s, cudaStream_t stream) {
       route_assign_kernel<true, Totals::kFused><<<static_cast<unsigned>(g.tiles), kRouteThreads, 0, stream>>>(
           p, nullptr, o);
       MXMOE_CUDA_CHECK_LAUNCH();
-      return;
+      return true;
     }
     launch_sort_pass(p, g.tiles, ws.take<int32_t>(cols), /*direct=*/true, o, stream);
-    return;
+    return true;
   }
 
   // LSD radix sort of (id, slot) by 10-bit digits of id, then the offsets and row_map.
@@ -777,6 +847,7 @@ static void route_ids(const detail::RouteTokensStep& s, cudaStream_t stream) {
     const int shift = pass * kDigitBits;
     const int bins = pass + 1 < passes ? kMaxBins : static_cast<int>(((E - 1) >> shift) + 1);
     const SortPass p{pass == 0 ? ids : keys[(pass - 1) & 1],
+                     pass == 0 ? ids_64 : nullptr,
                      pass == 0 ? nullptr : vals[(pass - 1) & 1],
                      slots,
                      pass == 0 ? nullptr : dropped,
@@ -788,7 +859,8 @@ static void route_ids(const detail::RouteTokensStep& s, cudaStream_t stream) {
                      g.tile,
                      counts};
     launch_sort_pass(p, g.tiles, totals + int64_t{pass} * kCols, /*direct=*/false,
-                     {row_map, nullptr, nullptr, 0, keys[pass & 1], vals[pass & 1]}, stream);
+                     {row_map, nullptr, nullptr, 0, keys[pass & 1], vals[pass & 1], nullptr, nullptr, 0, 0, false},
+                     stream);
   }
   const int32_t* sorted_keys = keys[(passes - 1) & 1];
   const int32_t* sorted_vals = vals[(passes - 1) & 1];
@@ -802,22 +874,39 @@ static void route_ids(const detail::RouteTokensStep& s, cudaStream_t stream) {
   route_assign_sorted_kernel<<<static_cast<unsigned>(blocks), kRouteThreads, 0, stream>>>(
       sorted_keys, sorted_vals, slots, dropped, first, offsets, capacity, row_map);
   MXMOE_CUDA_CHECK_LAUNCH();
+  return false;
 }
 
 void permute_rows(const PermuteByMapArgs& a, void* stream_ptr) {
   const cudaStream_t stream = as_stream(stream_ptr);
   const int64_t T = a.row_map.shape[0], K = a.row_map.shape[1];
   const int64_t R = a.permuted_x.shape[0], H = a.permuted_x.shape[1];
-  if (T == 0) return;
-  const int32_t* row_map = a.row_map.ptr<const int32_t>();
-  const float* probs = a.probs.ptr<const float>();
   float* out_probs = a.permuted_probs.data != nullptr ? a.permuted_probs.ptr<float>() : nullptr;
-  with_vector_bytes(vector_bytes(H, {a.x.data, a.permuted_x.data}), [&](auto w) {
-    constexpr int W = decltype(w)::value;
-    launch_permute<W, kPermuteVecs>(static_cast<const Vec<W>*>(a.x.data), row_map, probs,
-                                    static_cast<Vec<W>*>(a.permuted_x.data), out_probs,
-                                    move_shape(T, K, R, H, W, kPermuteVecs), stream);
-  });
+  // zero_unused_rows: a byte per row, set by the move for the rows it fills; then the others zeroed.
+  const bool zero = a.zero_unused_rows && R > 0;
+  Workspace ws(zero ? Workspace::aligned(R) : 0, stream);
+  uint8_t* named = zero ? ws.take<uint8_t>(R) : nullptr;
+  if (zero) MXMOE_CUDA_CHECK(cudaMemsetAsync(named, 0, static_cast<size_t>(R), stream));
+  if (T > 0) {
+    const int32_t* row_map = a.row_map.ptr<const int32_t>();
+    const float* probs = a.probs.ptr<const float>();
+    with_vector_bytes(vector_bytes(H, {a.x.data, a.permuted_x.data}), [&](auto w) {
+      constexpr int W = decltype(w)::value;
+      launch_permute<W, kPermuteVecs>(static_cast<const Vec<W>*>(a.x.data), row_map, probs,
+                                      static_cast<Vec<W>*>(a.permuted_x.data), out_probs, named,
+                                      move_shape(T, K, R, H, W, kPermuteVecs), stream);
+    });
+  }
+  if (!zero) return;
+  const int64_t row_bytes = H * 2;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(R, kMoveThreads / 32), 132 * 16));
+  if (row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(a.permuted_x.data) % 16 == 0)
+    zero_unnamed_rows_kernel<uint4><<<blocks, kMoveThreads, 0, stream>>>(named, R, row_bytes / 16,
+                                                                        static_cast<uint4*>(a.permuted_x.data), out_probs);
+  else
+    zero_unnamed_rows_kernel<uint16_t><<<blocks, kMoveThreads, 0, stream>>>(
+        named, R, H, static_cast<uint16_t*>(a.permuted_x.data), out_probs);
+  MXMOE_CUDA_CHECK_LAUNCH();
 }
 
 void unpermute_rows(const UnpermuteArgs& a, void* stream_ptr) {

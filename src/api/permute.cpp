@@ -119,19 +119,25 @@ void permute_tokens(Context& ctx, const PermuteArgs& a) {
   // Both steps' backends are picked before the first runs: a step no backend serves writes nothing.
   detail::Backend& route = detail::select(ctx, {Step::route_tokens, d.device, Recipe::bf16, H, K});
   detail::Backend& move = detail::select(ctx, {Step::permute_rows, d.device, Recipe::bf16, H, K});
-  route.route_tokens(ctx, {.expert_ids = a.expert_ids,
-                           .experts = E,
-                           .capacity = a.capacity,
-                           .offsets = a.offsets,
+  const detail::RouteTokensStep r{.expert_ids = a.expert_ids,
+                                  .experts = E,
+                                  .capacity = a.capacity,
+                                  .offsets = a.offsets,
+                                  .row_map = a.row_map,
+                                  .invalid = a.invalid,
+                                  .zero_x = a.zero_unused_rows ? a.permuted_x : TensorView{},
+                                  .zero_probs = a.zero_unused_rows ? a.permuted_probs : TensorView{}};
+  const PermuteByMapArgs m{.x = a.x,
                            .row_map = a.row_map,
-                           .invalid = a.invalid,
-                           .zero_x = a.zero_unused_rows ? a.permuted_x : TensorView{},
-                           .zero_probs = a.zero_unused_rows ? a.permuted_probs : TensorView{}});
-  move.permute_rows(ctx, {.x = a.x,
-                          .row_map = a.row_map,
-                          .probs = a.probs,
-                          .permuted_x = a.permuted_x,
-                          .permuted_probs = a.permuted_probs});
+                           .probs = a.probs,
+                           .permuted_x = a.permuted_x,
+                           .permuted_probs = a.permuted_probs};
+  if (&route == &move) {
+    route.route_and_permute_rows(ctx, r, m);
+  } else {
+    route.route_tokens(ctx, r);
+    move.permute_rows(ctx, m);
+  }
 }
 
 void unpermute_tokens(Context& ctx, const UnpermuteArgs& a) {

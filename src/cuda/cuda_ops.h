@@ -57,6 +57,8 @@ void fc2_bias_grads(const detail::Fc2BiasGradStep& s, void* stream);
 // device), the row scatter and the fp32 slot-order gather-sum (docs/kernels/permute.md).
 void route_tokens(const detail::RouteTokensStep& s, void* stream);
 void permute_rows(const PermuteByMapArgs& a, void* stream);
+// permute_tokens: route_tokens then permute_rows, the move chained on the routing (sm_90+).
+void route_and_permute_rows(const detail::RouteTokensStep& s, const PermuteByMapArgs& a, void* stream);
 void unpermute_rows(const UnpermuteArgs& a, void* stream);
 }  // namespace portable
 

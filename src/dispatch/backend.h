@@ -156,6 +156,12 @@ class Backend {
   virtual void fc2_bias_grads(Context& ctx, const Fc2BiasGradStep& s) = 0;
   virtual void route_tokens(Context& ctx, const RouteTokensStep& s) = 0;
   virtual void permute_rows(Context& ctx, const PermuteByMapArgs& a) = 0;
+  // permute_tokens when one backend serves both steps: the routing, then the move of its row_map.
+  // A backend may chain the two (cuda_portable: the move's x loads overlap the routing's tail).
+  virtual void route_and_permute_rows(Context& ctx, const RouteTokensStep& s, const PermuteByMapArgs& a) {
+    route_tokens(ctx, s);
+    permute_rows(ctx, a);
+  }
   virtual void unpermute_rows(Context& ctx, const UnpermuteArgs& a) = 0;
 };
 

@@ -42,6 +42,9 @@ class CudaPortableBackend final : public detail::Backend {
     portable::route_tokens(s, c.options().stream);
   }
   void permute_rows(Context& c, const PermuteByMapArgs& a) override { portable::permute_rows(a, c.options().stream); }
+  void route_and_permute_rows(Context& c, const detail::RouteTokensStep& s, const PermuteByMapArgs& a) override {
+    portable::route_and_permute_rows(s, a, c.options().stream);
+  }
   void unpermute_rows(Context& c, const UnpermuteArgs& a) override { portable::unpermute_rows(a, c.options().stream); }
 };
 

@@ -31,12 +31,15 @@
 // Run: <build>/tests/mxmoe_gpu_tests --gtest_filter='*GpuPermute*'
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "mxmoe/numerics.h"
 #include "src/common/experts.h"
 #include "src/cuda/common/block_scan.cuh"
 #include "src/cuda/common/check.h"
+#include "src/cuda/common/device_facts.h"
 #include "src/cuda/common/workspace.h"
 #include "src/cuda/cuda_ops.h"
 
@@ -44,6 +47,45 @@ namespace mxmoe::cuda::portable {
 namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Programmatic dependent launch (sm_90+): a kernel launched with the attribute may start while the
+// kernel before it on the stream runs (once every CTA of that one has called pdl_allow_next or
+// exited); pdl_wait returns when the earlier kernel has finished and its writes are visible. Both
+// are no-ops where the launch had no such dependency (and compile to nothing before sm_90).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_allow_next() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether permute_tokens chains its kernels with programmatic dependent launches on `device`:
+// sm_90 and later, unless MXMOE_PERMUTE_PDL=0 (read per call; for measuring without it).
+bool chain_launches(int device) {
+  if (const char* v = std::getenv("MXMOE_PERMUTE_PDL"); v != nullptr && std::string(v) == "0") return false;
+  return device_facts(device).major >= 9;
+}
+
+// kernel<<<grid, block, 0, stream>>>(args...), as a programmatic dependent of the previous kernel
+// on the stream when `dependent`.
+template <class... Params, class... Args>
+void launch(void (*kernel)(Params...), unsigned grid, unsigned block, cudaStream_t stream, bool dependent,
+            Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(block);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = dependent ? &attr : nullptr;
+  cfg.numAttrs = dependent ? 1 : 0;
+  MXMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
 
 // ================================ route_tokens ================================
 
@@ -140,6 +182,7 @@ __device__ __forceinline__ void count_warp(const SortPass& p, WarpRange r, int32
 
 // counts[tile][bin] = keys of the tile in the bin.
 __global__ void __launch_bounds__(kRouteThreads) route_count_kernel(SortPass p) {
+  pdl_allow_next();  // the assign may start: it counts its own tile before it waits for this
   __shared__ int32_t hist[kRouteWarps][kCols];
   const int cols = p.bins + 1;
   zero_histograms(hist, cols);
@@ -232,6 +275,7 @@ template <bool kDirect, Totals kTotals>
 __global__ void __launch_bounds__(kRouteThreads)
     route_assign_kernel(SortPass p, const int32_t* __restrict__ totals, AssignOut o) {
   static_assert(kDirect || kTotals == Totals::kScanned, "sort passes use the column scan");
+  pdl_allow_next();  // permute_rows may start: it loads its x rows before it waits for this
   constexpr bool kOwnTotals = kTotals != Totals::kScanned;
   __shared__ int32_t hist[kRouteWarps][kCols];
   __shared__ int32_t start[kCols];  // direct: the offsets; sort pass: each digit's first position
@@ -252,7 +296,8 @@ __global__ void __launch_bounds__(kRouteThreads)
   }
   __syncthreads();
   const WarpRange r = warp_range(p, keys_of(p));
-  count_warp(p, r, hist[warp]);
+  count_warp(p, r, hist[warp]);  // the ids: ready before the count kernel started
+  pdl_wait();                    // the count matrix (and kScanned: the totals) from here on
   if (kTotals == Totals::kFused) {
     constexpr int kLoads = 8;  // loads in flight per thread
     const int n = static_cast<int>(gridDim.x) * cols, me = static_cast<int>(blockIdx.x);
@@ -544,10 +589,15 @@ __device__ __forceinline__ void permute_token(const Vec<W>* __restrict__ x, cons
   const bool probs_in_regs = out_probs != nullptr && s.top_k <= s.team;  // one probability per lane
   int32_t prob_row = -1;
   float prob = 0.0f;
-  if (probs_in_regs && lane < s.top_k) {
-    prob_row = __ldg(map + lane);
-    prob = __ldg(probs + t * s.top_k + lane);
-  }
+  if (probs_in_regs && lane < s.top_k) prob = __ldg(probs + t * s.top_k + lane);
+  // x and probs are inputs; the row map may come from the kernel before this one (a programmatic
+  // dependent launch after the routing): the first pass's row loads go out before pdl_wait.
+  bool waited = false;
+  auto wait_for_map = [&] {
+    pdl_wait();
+    waited = true;
+    if (probs_in_regs && lane < s.top_k) prob_row = __ldg(map + lane);
+  };
   const Vec<W>* src = x + t * s.vecs;
   for (int64_t v0 = lane; v0 < s.vecs; v0 += static_cast<int64_t>(s.team) * U) {
     Vec<W> reg[U] = {};
@@ -556,6 +606,7 @@ __device__ __forceinline__ void permute_token(const Vec<W>* __restrict__ x, cons
       const int64_t v = v0 + static_cast<int64_t>(u) * s.team;
       if (v < s.vecs) reg[u] = __ldg(src + v);
     }
+    if (!waited) wait_for_map();
 #pragma unroll 1
     for (int k = 0; k < s.top_k; ++k) {
       const int32_t r = row_or_drop(__ldg(map + k), s.rows);
@@ -568,6 +619,7 @@ __device__ __forceinline__ void permute_token(const Vec<W>* __restrict__ x, cons
       }
     }
   }
+  if (!waited) wait_for_map();  // a lane with no vector of this row
   if (named != nullptr) {  // zero_unused_rows: the rows this token fills
     for (int k = lane; k < s.top_k; k += s.team) {
       const int32_t r = row_or_drop(__ldg(map + k), s.rows);
@@ -727,10 +779,9 @@ constexpr int kPermuteVecs = 4;  // vectors per thread loaded before the K store
 
 template <int W, int U>
 void launch_permute(const Vec<W>* x, const int32_t* row_map, const float* probs, Vec<W>* out, float* out_probs,
-                    uint8_t* named, const MoveShape& s, cudaStream_t stream) {
-  permute_rows_kernel<W, U><<<move_blocks(s), move_threads(s), 0, stream>>>(x, row_map, probs, out, out_probs, named,
-                                                                            s);
-  MXMOE_CUDA_CHECK_LAUNCH();
+                    uint8_t* named, const MoveShape& s, cudaStream_t stream, bool dependent) {
+  launch(permute_rows_kernel<W, U>, move_blocks(s), move_threads(s), stream, dependent, x, row_map, probs, out,
+         out_probs, named, s);
 }
 
 template <int W, int U, int G>
@@ -763,12 +814,13 @@ void zero_rows_from(const int32_t* used, int64_t rows, int64_t row_bytes, void* 
 }
 }  // namespace
 
-// Returns whether the routing wrote the zero rows itself (the direct plans' assign kernel does).
-static bool route_ids(const detail::RouteTokensStep& s, cudaStream_t stream);
+// Returns whether the routing's last kernel is the direct plans' assign (which also wrote the zero
+// rows); `chain`: the fused plan's assign is a programmatic dependent of its count kernel.
+static bool route_ids(const detail::RouteTokensStep& s, cudaStream_t stream, bool chain);
 
-void route_tokens(const detail::RouteTokensStep& s, void* stream_ptr) {
-  const cudaStream_t stream = as_stream(stream_ptr);
-  if (route_ids(s, stream)) return;
+// The routing and the zero rows; returns whether the last kernel is the direct assign.
+static bool route(const detail::RouteTokensStep& s, cudaStream_t stream, bool chain) {
+  if (route_ids(s, stream, chain)) return true;
   const int32_t* used = s.offsets.ptr<const int32_t>() + s.experts;
   if (s.zero_x.data) {
     const int64_t row_bytes = s.zero_x.shape[1] * 2;
@@ -778,9 +830,26 @@ void route_tokens(const detail::RouteTokensStep& s, void* stream_ptr) {
       zero_rows_from<uint16_t>(used, s.zero_x.shape[0], row_bytes, s.zero_x.data, stream);
   }
   if (s.zero_probs.data) zero_rows_from<float>(used, s.zero_probs.shape[0], 4, s.zero_probs.data, stream);
+  return false;
 }
 
-static bool route_ids(const detail::RouteTokensStep& s, cudaStream_t stream) {
+static void move_rows(const PermuteByMapArgs& a, cudaStream_t stream, bool dependent);
+
+void route_tokens(const detail::RouteTokensStep& s, void* stream_ptr) {
+  route(s, as_stream(stream_ptr), chain_launches(s.expert_ids.device.index));
+}
+
+// permute_tokens' two steps chained: the move is a programmatic dependent of the routing's assign
+// kernel, so its CTAs start and load their x rows while the routing finishes (x is ready: it was
+// before the routing's first kernel started, which was launched as usual).
+void route_and_permute_rows(const detail::RouteTokensStep& s, const PermuteByMapArgs& a, void* stream_ptr) {
+  const cudaStream_t stream = as_stream(stream_ptr);
+  const bool chain = chain_launches(s.expert_ids.device.index);
+  const bool after_assign = route(s, stream, chain);
+  move_rows(a, stream, chain && after_assign);
+}
+
+static bool route_ids(const detail::RouteTokensStep& s, cudaStream_t stream, bool chain) {
   const int64_t slots = s.expert_ids.numel(), E = s.experts;
   if (E < 1 || E >= INT32_MAX)
     throw Error("experts", "E=" + std::to_string(E) + " is outside what the device routing takes");
@@ -816,9 +885,8 @@ static bool route_ids(const detail::RouteTokensStep& s, cudaStream_t stream) {
     if (fused) {
       route_count_kernel<<<static_cast<unsigned>(g.tiles), kRouteThreads, 0, stream>>>(p);
       MXMOE_CUDA_CHECK_LAUNCH();
-      route_assign_kernel<true, Totals::kFused><<<static_cast<unsigned>(g.tiles), kRouteThreads, 0, stream>>>(
-          p, nullptr, o);
-      MXMOE_CUDA_CHECK_LAUNCH();
+      launch(route_assign_kernel<true, Totals::kFused>, static_cast<unsigned>(g.tiles), kRouteThreads, stream, chain, p,
+             nullptr, o);
       return true;
     }
     launch_sort_pass(p, g.tiles, ws.take<int32_t>(cols), /*direct=*/true, o, stream);
@@ -877,8 +945,9 @@ static bool route_ids(const detail::RouteTokensStep& s, cudaStream_t stream) {
   return false;
 }
 
-void permute_rows(const PermuteByMapArgs& a, void* stream_ptr) {
-  const cudaStream_t stream = as_stream(stream_ptr);
+void permute_rows(const PermuteByMapArgs& a, void* stream_ptr) { move_rows(a, as_stream(stream_ptr), false); }
+
+static void move_rows(const PermuteByMapArgs& a, cudaStream_t stream, bool dependent) {
   const int64_t T = a.row_map.shape[0], K = a.row_map.shape[1];
   const int64_t R = a.permuted_x.shape[0], H = a.permuted_x.shape[1];
   float* out_probs = a.permuted_probs.data != nullptr ? a.permuted_probs.ptr<float>() : nullptr;
@@ -894,7 +963,7 @@ void permute_rows(const PermuteByMapArgs& a, void* stream_ptr) {
       constexpr int W = decltype(w)::value;
       launch_permute<W, kPermuteVecs>(static_cast<const Vec<W>*>(a.x.data), row_map, probs,
                                       static_cast<Vec<W>*>(a.permuted_x.data), out_probs, named,
-                                      move_shape(T, K, R, H, W, kPermuteVecs), stream);
+                                      move_shape(T, K, R, H, W, kPermuteVecs), stream, dependent && !zero);
     });
   }
   if (!zero) return;

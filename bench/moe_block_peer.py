@@ -75,6 +75,10 @@ A_CELLS = [
     ("unpermute", "torch_compile", "torch index_add fp32, torch.compile"),
     ("unpermute", "torch_gather_eager", "torch gather + fp32 sum, eager"),
     ("unpermute", "torch_gather_compile", "torch gather + fp32 sum, torch.compile"),
+    ("copy", "torch_copy_graph", "device copy, GPU time (CUDA graph)"),
+    ("permute", "mxmoe_graph", "mxmoe permute, GPU time (CUDA graph)"),
+    ("permute_rows", "mxmoe_graph", "mxmoe permute_by_map, GPU time (CUDA graph)"),
+    ("unpermute", "mxmoe_graph", "mxmoe unpermute, GPU time (CUDA graph)"),
 ]
 A_LABEL = {(op, impl): label for op, impl, label in A_CELLS}
 B_VARIANTS = [
@@ -261,6 +265,37 @@ class Timer:
                 times.append((time.perf_counter() - t0) * 1e3 / inner)
         return {"ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times)}
 
+    def graph(self, fn, warmup, iters, inner=1):
+        """GPU time per call: `inner` calls captured in one CUDA graph, each sample events around one
+        replay / inner (no host issue time; the calls' kernels and the gaps between them on the device
+        are all counted). Also the host's issue time per call of the same calls run eagerly. On the CPU:
+        None (no device time to separate)."""
+        if not self.cuda:
+            return None
+        torch = self.torch
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(max(warmup, 1)):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(inner):
+                fn()
+        out = self(lambda: g.replay(), warmup, iters, 1)
+        for k in ("ms", "min_ms", "max_ms"):
+            out[k] /= inner
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        out["host_issue_ms"] = (time.perf_counter() - t0) * 1e3 / inner
+        torch.cuda.synchronize()
+        del g
+        return out
+
 
 def _cell(fn, timer=None):
     """fn() -> dict, or {"error": ...}; never raises."""
@@ -341,6 +376,14 @@ def part_a(shape, split, args, dev, timer, compile_ok):
                                               timer), rec["bytes"])
         put("unpermute", "torch_gather_eager", _cell(lambda: timer(lambda: torch_unpermute_gather(py, rm_ref), W, I,
                                                                    inner), timer), rec["bytes"])
+        # GPU time (CUDA graphs of `inner` calls): the bar's numbers, beside the copy's graph time
+        for op, impl, fn, nbytes in (
+                ("copy", "torch_copy_graph", lambda: dst.copy_(px_ref), rec["copy_bytes"]),
+                ("permute", "mxmoe_graph", lambda: mxmoe_torch.permute(x, ids, probs, experts=E), rec["bytes"]),
+                ("permute_rows", "mxmoe_graph", lambda: mxmoe_torch.permute_by_map(x, rm32, rows=R), rec["bytes"]),
+                ("unpermute", "mxmoe_graph", lambda: mxmoe_torch.unpermute(py, rm32), rec["bytes"])):
+            if timer.cuda:
+                put(op, impl, _cell(lambda: timer.graph(fn, W, I, inner), timer), nbytes)
 
         # torch.compile'd references: one compile per preset (its two splits have the same shapes)
         cache = args._compiled_a
@@ -402,10 +445,12 @@ def part_a(shape, split, args, dev, timer, compile_ok):
         if "error" in err:
             ch["error"] = err["error"]
     copy_gbps = cells.get("copy", {}).get("torch_copy", {}).get("gbps")
+    copy_graph_gbps = cells.get("copy", {}).get("torch_copy_graph", {}).get("gbps")
     for op, impls in cells.items():
-        for c in impls.values():
-            if copy_gbps and c.get("gbps") is not None:
-                c["pct_copy"] = 100.0 * c["gbps"] / copy_gbps
+        for impl, c in impls.items():
+            ref = copy_graph_gbps if impl.endswith("_graph") else copy_gbps  # graph cells: the copy's graph time
+            if ref and c.get("gbps") is not None:
+                c["pct_copy"] = 100.0 * c["gbps"] / ref
     rec["wall_s"] = round(time.monotonic() - t0, 2)
     return rec
 
@@ -667,19 +712,30 @@ def build_markdown(meta, perm, blocks):
                  "then bf16. Ids: balanced = exactly N·K/E slots per expert (shuffled); skew = Dirichlet(0.5) "
                  "expert shares, K distinct experts per token.")
         L.append("")
-        L.append(f"Bar: mxmoe permute and unpermute each >= {PERMUTE_BAR:.0f}% of the copy.")
+        L.append(f"Bar: mxmoe permute and unpermute each >= {PERMUTE_BAR:.0f}% of the copy, in GPU time: each op "
+                 f"and the copy as {meta.get('inner')} calls captured in one CUDA graph and replayed (the op's "
+                 "kernels and the gaps between them on the device; no host issue time). Beside it the same op "
+                 f"as {meta.get('inner')} eager back-to-back calls between two events (the first call's host issue "
+                 "time included, which a short sample cannot hide) and the host's issue time per eager call: "
+                 "below the GPU time, a training step's host runs ahead of the device.")
         L.append("")
         L.append("| preset | split | N | K | H | E | MB moved | copy GB/s | mxmoe permute GB/s (% copy) | bar | "
-                 "mxmoe unpermute GB/s (% copy) | bar | mxmoe permute_by_map (rows only) |")
-        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+                 "eager back-to-back | host issue ms/call | mxmoe unpermute GB/s (% copy) | bar | eager back-to-back | "
+                 "mxmoe permute_by_map (rows only) |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in perm:
             c = r["cells"]
-            pm, um = c.get("permute", {}).get("mxmoe"), c.get("unpermute", {}).get("mxmoe")
+            cp = c.get("copy", {}).get("torch_copy_graph") or c.get("copy", {}).get("torch_copy")
+            pm = c.get("permute", {}).get("mxmoe_graph") or c.get("permute", {}).get("mxmoe")
+            um = c.get("unpermute", {}).get("mxmoe_graph") or c.get("unpermute", {}).get("mxmoe")
+            bm = c.get("permute_rows", {}).get("mxmoe_graph") or c.get("permute_rows", {}).get("mxmoe")
+            issue = (c.get("permute", {}).get("mxmoe_graph") or {}).get("host_issue_ms")
             L.append(f"| {r['preset']} | {r['split']} | {r['tokens']} | {r['top_k']} | {r['hidden']} | "
-                     f"{r['experts']} | {r['bytes'] / 1e6:.1f} | {_bw_text(c.get('copy', {}).get('torch_copy'))} | "
-                     f"{_bw_text(pm)} | {_bar((pm or {}).get('pct_copy'), PERMUTE_BAR)} | {_bw_text(um)} | "
-                     f"{_bar((um or {}).get('pct_copy'), PERMUTE_BAR)} | "
-                     f"{_bw_text(c.get('permute_rows', {}).get('mxmoe'))} |")
+                     f"{r['experts']} | {r['bytes'] / 1e6:.1f} | {_bw_text(cp)} | "
+                     f"{_bw_text(pm)} | {_bar((pm or {}).get('pct_copy'), PERMUTE_BAR)} | "
+                     f"{_bw_text(c.get('permute', {}).get('mxmoe'))} | {_num(issue, 4)} | {_bw_text(um)} | "
+                     f"{_bar((um or {}).get('pct_copy'), PERMUTE_BAR)} | {_bw_text(c.get('unpermute', {}).get('mxmoe'))} | "
+                     f"{_bw_text(bm)} |")
         L.append("")
         L.append("### Every permute / unpermute cell")
         L.append("")
@@ -693,7 +749,8 @@ def build_markdown(meta, perm, blocks):
                 if c is None:
                     continue
                 mx = r["cells"].get(op, {}).get("mxmoe", {}).get("ms")
-                ratio = f"{c['ms'] / mx:.2f}" if mx and c.get("ms") and impl != "mxmoe" else ""
+                ratio = f"{c['ms'] / mx:.2f}" if mx and c.get("ms") and impl.startswith("torch_") and op != "copy" \
+                    and not impl.endswith("_graph") else ""
                 gb = f"{c['gbps']:.0f}" if c.get("gbps") is not None else ""
                 pct = f"{c['pct_copy']:.0f}%" if c.get("pct_copy") is not None else ""
                 L.append(f"| {r['preset']} | {r['split']} | {label} | {_ms_text(c)} | {gb} | {pct} | {ratio} |")
@@ -846,8 +903,10 @@ def chart_panels(perm, blocks):
     if perm:
         groups = [f"{r['preset']} {r['split']}" for r in perm]
         series = []
-        for op, impl, name in (("permute", "mxmoe", "mxmoe permute"), ("permute_rows", "mxmoe", "mxmoe permute_by_map"),
-                               ("unpermute", "mxmoe", "mxmoe unpermute"),
+        for op, impl, name in (("permute", "mxmoe_graph", "mxmoe permute (GPU time)"),
+                               ("permute", "mxmoe", "mxmoe permute (eager x inner)"),
+                               ("permute_rows", "mxmoe_graph", "mxmoe permute_by_map (GPU time)"),
+                               ("unpermute", "mxmoe_graph", "mxmoe unpermute (GPU time)"),
                                ("permute", "torch_compile", "torch permute (compile)"),
                                ("unpermute", "torch_compile", "torch index_add (compile)"),
                                ("unpermute", "torch_gather_compile", "torch gather+sum (compile)")):
@@ -994,7 +1053,8 @@ def bars(perm, blocks):
     out = {"permute_pct_copy": PERMUTE_BAR, "block_compile_over_mxfp8": BLOCK_BAR, "rows": []}
     for r in perm:
         for op in ("permute", "unpermute"):
-            v = r["cells"].get(op, {}).get("mxmoe", {}).get("pct_copy")
+            cells = r["cells"].get(op, {})
+            v = (cells.get("mxmoe_graph") or cells.get("mxmoe") or {}).get("pct_copy")
             out["rows"].append({"preset": r["preset"], "split": r["split"], "what": f"mxmoe {op} % of copy",
                                 "value": v, "bar": PERMUTE_BAR, "met": None if v is None else v >= PERMUTE_BAR})
     for b in blocks:
@@ -1016,7 +1076,7 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=None, help="warm-up calls (default 3; smoke 1)")
     ap.add_argument("--iters", type=int, default=None, help="timed samples, median reported (default 10; smoke 3)")
     ap.add_argument("--inner", type=int, default=None,
-                    help="back-to-back calls per permute/unpermute sample (default 5; smoke 1)")
+                    help="back-to-back calls per permute/unpermute sample, and calls per CUDA graph (default 20; smoke 1)")
     ap.add_argument("--time-budget", type=float, default=0,
                     help="seconds; once spent, later presets skip torch.compile (0: no limit)")
     ap.add_argument("--no-compile", action="store_true", help="skip every torch.compile peer")
@@ -1027,7 +1087,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.smoke else 3)
     args.iters = args.iters if args.iters is not None else (3 if args.smoke else 10)
-    args.inner = args.inner if args.inner is not None else (1 if args.smoke else 5)
+    args.inner = args.inner if args.inner is not None else (1 if args.smoke else 20)
     presets = [p for p in args.presets.split(",") if p]
     bad = [p for p in presets if p not in PRESETS]
     if bad:

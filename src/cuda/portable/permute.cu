@@ -32,7 +32,9 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <mutex>
 #include <string>
+#include <vector>
 #include <type_traits>
 
 #include "mxmoe/numerics.h"
@@ -61,13 +63,6 @@ __device__ __forceinline__ void pdl_allow_next() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-}
-
-// Whether permute_tokens chains its kernels with programmatic dependent launches on `device`:
-// sm_90 and later, unless MXMOE_PERMUTE_PDL=0 (read per call; for measuring without it).
-bool chain_launches(int device) {
-  if (const char* v = std::getenv("MXMOE_PERMUTE_PDL"); v != nullptr && std::string(v) == "0") return false;
-  return device_facts(device).major >= 9;
 }
 
 // kernel<<<grid, block, 0, stream>>>(args...), as a programmatic dependent of the previous kernel
@@ -813,6 +808,30 @@ void zero_rows_from(const int32_t* used, int64_t rows, int64_t row_bytes, void* 
   MXMOE_CUDA_CHECK_LAUNCH();
 }
 }  // namespace
+
+// Whether permute_tokens chains its kernels with programmatic dependent launches on `device`: only
+// where the kernels that run there were compiled for sm_90 or later (their pdl_wait is real; a
+// build for sm_80 and sm_90a running on a Blackwell GPU JIT-compiles the sm_80 PTX, which has no
+// wait: chaining those would race), unless MXMOE_PERMUTE_PDL=0 (read per call; for measuring).
+// The kernels' PTX target is asked once per device (cudaFuncGetAttributes: ptxVersion).
+static bool chain_launches(int device) {
+  if (const char* v = std::getenv("MXMOE_PERMUTE_PDL"); v != nullptr && std::string(v) == "0") return false;
+  if (device < 0 || device_facts(device).major < 9) return false;
+  static std::mutex mu;
+  static std::vector<int8_t> known;  // per device: -1 not asked yet, 0 / 1
+  std::lock_guard<std::mutex> lock(mu);
+  if (known.size() <= static_cast<size_t>(device)) known.resize(device + 1, -1);
+  if (known[device] < 0) {
+    int current = 0;
+    cudaFuncAttributes fa{};
+    const bool asked = cudaGetDevice(&current) == cudaSuccess && cudaSetDevice(device) == cudaSuccess &&
+                       cudaFuncGetAttributes(&fa, route_count_kernel) == cudaSuccess;
+    if (!asked) cudaGetLastError();
+    cudaSetDevice(current);
+    known[device] = asked && fa.ptxVersion >= 90 ? 1 : 0;
+  }
+  return known[device] == 1;
+}
 
 // Returns whether the routing's last kernel is the direct plans' assign (which also wrote the zero
 // rows); `chain`: the fused plan's assign is a programmatic dependent of its count kernel.

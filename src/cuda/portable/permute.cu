@@ -34,8 +34,8 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
-#include <vector>
 #include <type_traits>
+#include <vector>
 
 #include "mxmoe/numerics.h"
 #include "src/common/experts.h"

@@ -240,12 +240,18 @@ struct AssignOut {
   int32_t* vals_out;
   // direct, optional (RouteTokensStep::zero_x / zero_probs): rows offsets[E] .. rows-1 written as
   // zeros by the assign CTAs together, once every CTA knows offsets[E] (its start[bins]).
-  void* zero_x;        // [zero_rows, zero_row_bytes]; 16-byte vectors when zero_vec16, else 2-byte
-  float* zero_probs;   // [zero_rows]
-  int64_t zero_rows, zero_row_bytes;
-  bool zero_vec16;
+  void* zero_x = nullptr;       // [zero_rows, zero_row_bytes]; 16-byte vectors when zero_vec16, else 2-byte
+  float* zero_probs = nullptr;  // [zero_rows]
+  int64_t zero_rows = 0, zero_row_bytes = 0;
+  bool zero_vec16 = false;
 };
 
+// Whether rows of `row_bytes` at `p` can be written in 16-byte vectors (else 2-byte ones).
+inline bool rows_take_16_bytes(int64_t row_bytes, const void* p) {
+  return row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// out[first .. n-1] = 0, striped over the grid.
 template <class V>
 __device__ __forceinline__ void zero_tail(V* out, int64_t first, int64_t n) {
   for (int64_t i = first + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -794,10 +800,7 @@ namespace {
 template <class V>
 __global__ void __launch_bounds__(kMoveThreads) zero_rows_from_kernel(const int32_t* __restrict__ used, int64_t rows,
                                                                       int64_t row_vecs, V* __restrict__ out) {
-  const int64_t first = clamp_offset(*used, rows) * row_vecs, n = rows * row_vecs;
-  for (int64_t i = first + static_cast<int64_t>(blockIdx.x) * kMoveThreads + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * kMoveThreads)
-    out[i] = V{};
+  zero_tail(out, clamp_offset(*used, rows) * row_vecs, rows * row_vecs);
 }
 template <class V>
 void zero_rows_from(const int32_t* used, int64_t rows, int64_t row_bytes, void* out, cudaStream_t stream) {
@@ -816,19 +819,22 @@ void zero_rows_from(const int32_t* used, int64_t rows, int64_t row_bytes, void* 
 // The kernels' PTX target is asked once per device (cudaFuncGetAttributes: ptxVersion).
 static bool chain_launches(int device) {
   if (const char* v = std::getenv("MXMOE_PERMUTE_PDL"); v != nullptr && std::string(v) == "0") return false;
-  if (device < 0 || device_facts(device).major < 9) return false;
+  if (device < 0) return false;
   static std::mutex mu;
   static std::vector<int8_t> known;  // per device: -1 not asked yet, 0 / 1
   std::lock_guard<std::mutex> lock(mu);
   if (known.size() <= static_cast<size_t>(device)) known.resize(device + 1, -1);
   if (known[device] < 0) {
-    int current = 0;
-    cudaFuncAttributes fa{};
-    const bool asked = cudaGetDevice(&current) == cudaSuccess && cudaSetDevice(device) == cudaSuccess &&
-                       cudaFuncGetAttributes(&fa, route_count_kernel) == cudaSuccess;
-    if (!asked) cudaGetLastError();
-    cudaSetDevice(current);
-    known[device] = asked && fa.ptxVersion >= 90 ? 1 : 0;
+    known[device] = 0;
+    if (device_facts(device).major >= 9) {
+      int current = 0;
+      cudaFuncAttributes fa{};
+      const bool asked = cudaGetDevice(&current) == cudaSuccess && cudaSetDevice(device) == cudaSuccess &&
+                         cudaFuncGetAttributes(&fa, route_count_kernel) == cudaSuccess;
+      if (!asked) cudaGetLastError();
+      cudaSetDevice(current);
+      known[device] = asked && fa.ptxVersion >= 90 ? 1 : 0;
+    }
   }
   return known[device] == 1;
 }
@@ -843,7 +849,7 @@ static bool route(const detail::RouteTokensStep& s, cudaStream_t stream, bool ch
   const int32_t* used = s.offsets.ptr<const int32_t>() + s.experts;
   if (s.zero_x.data) {
     const int64_t row_bytes = s.zero_x.shape[1] * 2;
-    if (row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(s.zero_x.data) % 16 == 0)
+    if (rows_take_16_bytes(row_bytes, s.zero_x.data))
       zero_rows_from<uint4>(used, s.zero_x.shape[0], row_bytes, s.zero_x.data, stream);
     else
       zero_rows_from<uint16_t>(used, s.zero_x.shape[0], row_bytes, s.zero_x.data, stream);
@@ -883,13 +889,13 @@ static bool route_ids(const detail::RouteTokensStep& s, cudaStream_t stream, boo
   if (E <= kMaxBins) {  // one counting sort, the id as the bin
     const int64_t cols = E + 1;
     const RouteGeometry g = route_geometry(slots, cols);
-    AssignOut o{row_map, offsets, invalid, capacity, nullptr, nullptr, nullptr, nullptr, 0, 0, false};
+    AssignOut o{row_map, offsets, invalid, capacity, nullptr, nullptr};
     if (s.zero_x.data != nullptr || s.zero_probs.data != nullptr) {
       o.zero_x = s.zero_x.data;
       o.zero_probs = s.zero_probs.data != nullptr ? s.zero_probs.ptr<float>() : nullptr;
       o.zero_rows = s.zero_x.data != nullptr ? s.zero_x.shape[0] : s.zero_probs.shape[0];
       o.zero_row_bytes = s.zero_x.data != nullptr ? s.zero_x.shape[1] * 2 : 0;
-      o.zero_vec16 = o.zero_row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(s.zero_x.data) % 16 == 0;
+      o.zero_vec16 = rows_take_16_bytes(o.zero_row_bytes, s.zero_x.data);
     }
     SortPass p{ids, ids_64, nullptr, slots, nullptr, static_cast<int32_t>(E), true, true, 0, static_cast<int>(E), g.tile,
                nullptr};
@@ -946,8 +952,7 @@ static bool route_ids(const detail::RouteTokensStep& s, cudaStream_t stream, boo
                      g.tile,
                      counts};
     launch_sort_pass(p, g.tiles, totals + int64_t{pass} * kCols, /*direct=*/false,
-                     {row_map, nullptr, nullptr, 0, keys[pass & 1], vals[pass & 1], nullptr, nullptr, 0, 0, false},
-                     stream);
+                     {row_map, nullptr, nullptr, 0, keys[pass & 1], vals[pass & 1]}, stream);
   }
   const int32_t* sorted_keys = keys[(passes - 1) & 1];
   const int32_t* sorted_vals = vals[(passes - 1) & 1];
@@ -988,7 +993,7 @@ static void move_rows(const PermuteByMapArgs& a, cudaStream_t stream, bool depen
   if (!zero) return;
   const int64_t row_bytes = H * 2;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(R, kMoveThreads / 32), 132 * 16));
-  if (row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(a.permuted_x.data) % 16 == 0)
+  if (rows_take_16_bytes(row_bytes, a.permuted_x.data))
     zero_unnamed_rows_kernel<uint4><<<blocks, kMoveThreads, 0, stream>>>(named, R, row_bytes / 16,
                                                                         static_cast<uint4*>(a.permuted_x.data), out_probs);
   else

@@ -1,7 +1,6 @@
 // Device-side steps shared by the CUDA backends. Every function enqueues on `stream`, never
 // synchronises the host and never reads group offsets on the host.
 #pragma once
-#include "src/cuda/common/group_schedule.h"
 #include "src/cuda/common/workspace.h"
 #include "src/dispatch/backend.h"
 
@@ -45,16 +44,6 @@ void transpose_fp8_block_weights(const uint8_t* q, const float* sinv, int64_t ex
 // [128 i, 128 i + 128), rows past the group's end as 0 (padding inside the kernel's view): the
 // K-major, whole-block operands of a k-grouped wgrad on FP8 wgmma. tp: a multiple of 16 of at least
 // 128 fp8_token_block_tiles(g, T); columns of tiles past the real count are not written.
-// FC2 dgrad's GLU backward as one pass after a store GEMM (cuda_sm90's FP8 path): from dH (fp32
-// [rows, F], the GEMM's output: the fp32 dA numerics prescribe), the step's C and probabilities,
-// writes the step's fp8_block dC
-// outputs (the bytes quantize_outputs would give from the GLU epilogue's bf16 dC), its optional bf16
-// dC, and dprobs / db1 through the fused epilogue's fixed-order reductions. sched: the GEMM's group
-// schedule (128-row tiles). takes(): the outputs are fp8_block, F % 16 == 0, 16-byte aligned tensors.
-bool glu_backward_fp8_block_takes(const detail::MGemmStep& s);
-int64_t glu_backward_fp8_block_workspace_bytes(const detail::MGemmStep& s, int64_t rows);
-void glu_backward_fp8_block(const detail::MGemmStep& s, const float* dh, int64_t rows, const GroupSchedule& sched,
-                            Workspace& ws, void* stream);
 int64_t fp8_token_block_tiles(const GroupOffsets& g, int64_t rows);
 void transpose_token_blocks(const Mxfp8View& v, const GroupOffsets& g, uint8_t* qt, int64_t tp, void* stream);
 void gemm_k_fp8_block(const KGroupedGemmArgs& a, void* stream, void (*bf16_gemm)(const KGroupedGemmArgs&, void*));

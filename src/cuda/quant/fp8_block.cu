@@ -25,10 +25,8 @@
 #include "mxmoe/numerics.h"
 #include "src/common/experts.h"
 #include "src/common/fp8_block.h"
-#include "src/common/glu.h"
 #include "src/cuda/common/check.h"
 #include "src/cuda/common/group_schedule.h"
-#include "src/cuda/common/reductions.h"
 #include "src/cuda/cuda_ops.h"
 
 namespace mxmoe::cuda {
@@ -176,17 +174,21 @@ __device__ __forceinline__ void store_u8(uint8_t* p, int64_t valid, const uint32
 // The tile [row0, row0 + n) x [128 kb, 128 kb + 128) of X: row-wise blocks into qr / sr (when qr is
 // set), token blocks into qc / sc (when qc is set; sc: the tile's scale row). qc is uniform over the
 // CTA (it holds the barriers).
-// quantize_words: the same on a tile already in registers (w, QLayout<VW>'s thread mapping, zeros
-// outside [0, n) x [0, k)); quantize_tile loads it from X first.
 template <int VW, bool Vec>
-__device__ __forceinline__ void quantize_words(const uint32_t (&w)[QLayout<VW>::kRows][VW / 2], int64_t rows, int64_t k,
-                                               int64_t row0, int64_t n, int64_t kb, bool pow2, uint8_t* __restrict__ qr,
-                                               float* __restrict__ sr, uint8_t* __restrict__ qc, float* __restrict__ sc,
-                                               float (*col_amax)[kFp8Block], float* col_scale) {
+__device__ __forceinline__ void quantize_tile(const uint16_t* __restrict__ x, int64_t rows, int64_t k, int64_t row0,
+                                              int64_t n, int64_t kb, bool pow2, uint8_t* __restrict__ qr,
+                                              float* __restrict__ sr, uint8_t* __restrict__ qc, float* __restrict__ sc,
+                                              float (*col_amax)[kFp8Block], float* col_scale) {
   using L = QLayout<VW>;
   const int chunk = threadIdx.x % L::kTpr, slice = threadIdx.x / L::kTpr;
   const int64_t c = kb * kFp8Block + chunk * VW;  // the thread's first column
   const int64_t valid = min(static_cast<int64_t>(VW), k - c);
+  uint32_t w[L::kRows][VW / 2];
+#pragma unroll
+  for (int j = 0; j < L::kRows; ++j) {
+    const int r = slice + j * L::kSlices;
+    load_bf16<VW, Vec>(x + (row0 + r) * k + c, r < n ? valid : 0, w[j]);
+  }
   if (qr != nullptr) {
 #pragma unroll
     for (int j = 0; j < L::kRows; ++j) {
@@ -251,24 +253,6 @@ __device__ __forceinline__ void quantize_words(const uint32_t (&w)[QLayout<VW>::
   }
 }
 
-template <int VW, bool Vec>
-__device__ __forceinline__ void quantize_tile(const uint16_t* __restrict__ x, int64_t rows, int64_t k, int64_t row0,
-                                              int64_t n, int64_t kb, bool pow2, uint8_t* __restrict__ qr,
-                                              float* __restrict__ sr, uint8_t* __restrict__ qc, float* __restrict__ sc,
-                                              float (*col_amax)[kFp8Block], float* col_scale) {
-  using L = QLayout<VW>;
-  const int chunk = threadIdx.x % L::kTpr, slice = threadIdx.x / L::kTpr;
-  const int64_t c = kb * kFp8Block + chunk * VW;
-  const int64_t valid = min(static_cast<int64_t>(VW), k - c);
-  uint32_t w[L::kRows][VW / 2];
-#pragma unroll
-  for (int j = 0; j < L::kRows; ++j) {
-    const int r = slice + j * L::kSlices;
-    load_bf16<VW, Vec>(x + (row0 + r) * k + c, r < n ? valid : 0, w[j]);
-  }
-  quantize_words<VW, Vec>(w, rows, k, row0, n, kb, pow2, qr, sr, qc, sc, col_amax, col_scale);
-}
-
 // CTA b < main_ctas: tile b / kbs (of `sched`: the group schedule's token tiles, or 128-row chunks
 // without one), column block b % kbs; qr / qc null: that output is not written. CTAs past main_ctas
 // (both outputs over a group schedule only): the row-wise blocks of the rows no token tile holds,
@@ -298,146 +282,6 @@ __global__ void __launch_bounds__(kThreads, VW == 16 ? 3 : 1) quantize_kernel(co
     const int64_t n = min(static_cast<int64_t>(kFp8Block), (ch < lo_chunks ? lo : rows) - row0);
     quantize_tile<VW, Vec>(x, rows, k, row0, n, kb, pow2, qr, sr, nullptr, nullptr, col_amax, col_scale);
   }
-}
-
-// ---- FC2 dgrad's GLU backward in one pass, quantizing dC (session 12) ----
-// On cuda_sm90 the FP8 FC2 dgrad runs as the FP8 store GEMM into dH = dY W2_e^T (fp32 [T, F]) and
-// this pass, instead of the GEMM kernel's GLU-backward epilogue and a quantize pass over a bf16 dC
-// (bench/results/2026-12-03-h200-sm90-s12-fp8-vs-cutlass.md: that pair took 1.7-3.7x a plain GEMM of
-// the shape). One CTA per (128-row token tile of the group schedule, 128-column block of dC
-// [T, 2F]): it computes the tile's dC from dH, the saved C and the probabilities (glu_backward, the
-// formulas of the sm90 epilogue and the CPU reference), rounds it to bf16 (cvt.rn, the value the
-// epilogue stores and the old pass quantized) and quantizes those words with quantize_words (1x128
-// rows and the tile's 128-token block), so the bytes are the old path's. It also writes the fused
-// epilogue's partials for the same fixed-order reductions: dprob (sum over the CTA's a-columns of
-// dH * act, per row; part kb of [kbs][T]) and db1 (sum of fp32 dC over the tile's rows, per column;
-// row `tile` of [tiles][2F]). Thread mapping QLayout<16>: 16 consecutive dC columns, all a or all b
-// (halves with F % 16 == 0; interleave32's 32-column runs); the thread loads its partner columns of
-// C and its features of dH itself (the partner's lines are a neighbour CTA's or thread's: L2/L1).
-// Rows outside every group are not written (no later step reads them); their scales are zero.
-struct GluBwdQuant {
-  const float* dh = nullptr;      // [T, F], fp32 (the fp32 dA the GLU backward takes, numerics)
-  const uint16_t* c = nullptr;    // [T, 2F]
-  const float* probs = nullptr;   // [T], or null: p = 1
-  int64_t rows = 0, ffn = 0;
-  GluLayout layout = GluLayout::halves;
-  GluParams glu{};
-  bool pow2 = false;
-  GroupSchedule sched;            // 128-row tiles
-  uint8_t* qr = nullptr;
-  float* sr = nullptr;
-  uint8_t* qc = nullptr;
-  float* sc = nullptr;
-  uint16_t* out_bf16 = nullptr;   // optional: dC in bf16 too
-  float* ws_dprob = nullptr;      // [kbs][T] or null
-  float* ws_db1 = nullptr;        // [tiles][2F] or null
-};
-
-__device__ __forceinline__ void load16(const uint16_t* p, uint32_t (&w)[8]) {
-  const uint4 v0 = reinterpret_cast<const uint4*>(p)[0], v1 = reinterpret_cast<const uint4*>(p)[1];
-  w[0] = v0.x, w[1] = v0.y, w[2] = v0.z, w[3] = v0.w, w[4] = v1.x, w[5] = v1.y, w[6] = v1.z, w[7] = v1.w;
-}
-__device__ __forceinline__ void load16(const float* p, float (&v)[16]) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float4 q = reinterpret_cast<const float4*>(p)[i];
-    v[4 * i] = q.x, v[4 * i + 1] = q.y, v[4 * i + 2] = q.z, v[4 * i + 3] = q.w;
-  }
-}
-__device__ __forceinline__ uint32_t pack_rn(float lo, float hi) {
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
-template <Activation kAct>
-__global__ void __launch_bounds__(kThreads) glu_backward_quantize_kernel(const GluBwdQuant a) {
-  using L = QLayout<16>;
-  __shared__ float col_amax[kWarps][kFp8Block];
-  __shared__ float col_scale[kFp8Block];
-  __shared__ float col_sum[kWarps][kFp8Block];
-  const int64_t k = 2 * a.ffn;
-  const int64_t kbs = ceil_div(k, kFp8Block);
-  const int64_t tile = blockIdx.x / kbs, kb = blockIdx.x % kbs;
-  const TokenTile t = token_tile(a.sched, tile, a.rows);
-  if (t.n <= 0) return;
-  const int chunk = threadIdx.x % L::kTpr, slice = threadIdx.x / L::kTpr;
-  const int64_t c = kb * kFp8Block + chunk * 16;  // the thread's first dC column
-  const bool live = c < k;
-  bool is_a;
-  int64_t f0, partner;  // first feature (dH column), first partner column of C
-  if (a.layout == GluLayout::halves) {
-    is_a = c < a.ffn;
-    f0 = is_a ? c : c - a.ffn;
-    partner = is_a ? c + a.ffn : c - a.ffn;
-  } else {
-    const int64_t w64 = c % (2 * kGluInterleave);
-    is_a = w64 < kGluInterleave;
-    f0 = (c / (2 * kGluInterleave)) * kGluInterleave + w64 % kGluInterleave;
-    partner = is_a ? c + kGluInterleave : c - kGluInterleave;
-  }
-  uint32_t w[L::kRows][8];
-  float cs[16];
-#pragma unroll
-  for (int v = 0; v < 16; ++v) cs[v] = 0.0f;
-#pragma unroll
-  for (int j = 0; j < L::kRows; ++j) {
-    const int r = slice + j * L::kSlices;
-    float dp = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[j][i] = 0u;
-    if (live && r < t.n) {
-      const int64_t row = t.row0 + r;
-      uint32_t own[8], par[8];
-      float g[16];
-      load16(a.c + row * k + c, own);
-      load16(a.c + row * k + partner, par);
-      load16(a.dh + row * a.ffn + f0, g);
-      const float p = a.probs != nullptr ? a.probs[row] : 1.0f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        float v[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float vo = h ? bf16_hi(own[i]) : bf16_lo(own[i]), vp = h ? bf16_hi(par[i]) : bf16_lo(par[i]);
-          const float gv = g[2 * i + h];
-          const GluGrad gr = glu_backward<kAct>(is_a ? vo : vp, is_a ? vp : vo, gv, p, a.glu);
-          v[h] = is_a ? gr.da : gr.db;
-          if (is_a) dp = fmaf(gv, gr.act, dp);
-          cs[2 * i + h] += v[h];
-        }
-        w[j][i] = pack_rn(v[0], v[1]);
-      }
-      if (a.out_bf16 != nullptr) {
-        uint4* o = reinterpret_cast<uint4*>(a.out_bf16 + row * k + c);
-        o[0] = make_uint4(w[j][0], w[j][1], w[j][2], w[j][3]);
-        o[1] = make_uint4(w[j][4], w[j][5], w[j][6], w[j][7]);
-      }
-    }
-    if (a.ws_dprob != nullptr) {  // the row's lanes are adjacent: sum over them in a fixed order
-#pragma unroll
-      for (int sh = L::kTpr / 2; sh >= 1; sh /= 2) dp += __shfl_xor_sync(0xffffffffu, dp, sh);
-      if (chunk == 0 && r < t.n) a.ws_dprob[kb * a.rows + t.row0 + r] = dp;
-    }
-  }
-  if (a.ws_db1 != nullptr) {
-    const int lane = threadIdx.x % 32;
-#pragma unroll
-    for (int v = 0; v < 16; ++v) {
-#pragma unroll
-      for (int sh = L::kTpr; sh < 32; sh *= 2) cs[v] += __shfl_xor_sync(0xffffffffu, cs[v], sh);
-      if (lane < L::kTpr) col_sum[threadIdx.x / 32][chunk * 16 + v] = cs[v];
-    }
-    __syncthreads();
-    if (threadIdx.x < kFp8Block && kb * kFp8Block + threadIdx.x < k) {
-      float sum = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kWarps; ++i) sum += col_sum[i][threadIdx.x];
-      a.ws_db1[tile * k + kb * kFp8Block + threadIdx.x] = sum;
-    }
-  }
-  quantize_words<16, true>(w, a.rows, k, t.row0, t.n, kb, a.pow2, a.qr, a.sr, a.qc,
-                           a.qc == nullptr ? nullptr : a.sc + tile * k, col_amax, col_scale);
 }
 
 // ---- dequantize to bf16: one CTA per (128-row tile, 128-column block) ----
@@ -751,74 +595,6 @@ void quantize_fp8_block(const QuantizeArgs& a, void* stream_ptr) {
     default: launch(quantize_kernel<4, false>); break;
   }
   MXMOE_CUDA_CHECK_LAUNCH();
-}
-
-// FC2 dgrad's GLU backward from dH (the FP8 store GEMM's output) into fp8_block dC (glu_backward_quantize_kernel).
-bool glu_backward_fp8_block_takes(const detail::MGemmStep& s) {
-  if (s.epilogue != detail::Epilogue::glu_backward || s.gemm.offsets.experts() <= 0 || s.c.data == nullptr) return false;
-  const Mxfp8View& r = s.out_row;
-  const Mxfp8View& c = s.out_col;
-  if (r.data.data == nullptr && c.data.data == nullptr) return false;
-  if ((r.data.data != nullptr && r.format != QuantFormat::fp8_block) || (c.data.data != nullptr && c.format != QuantFormat::fp8_block))
-    return false;
-  // 16-column runs of one GLU half and 16-byte accesses to C, dH, dC and its bf16 copy.
-  if (s.ffn <= 0 || s.ffn % 16 != 0) return false;
-  return aligned(s.c.data, 16) && aligned(s.out_bf16.data, 16) && aligned(r.data.data, 16) && aligned(c.data.data, 16);
-}
-
-int64_t glu_backward_fp8_block_workspace_bytes(const detail::MGemmStep& s, int64_t rows) {
-  const int64_t k = 2 * s.ffn, kbs = ceil_div(k, kFp8Block);
-  const int64_t tiles = m_tiles_bound(rows, s.gemm.offsets.experts(), kFp8Block);
-  return (s.dprobs.data != nullptr ? Workspace::aligned(kbs * rows * 4) : 0) +
-         (s.db1.dst.data != nullptr ? Workspace::aligned(tiles * k * 4) : 0);
-}
-
-void glu_backward_fp8_block(const detail::MGemmStep& s, const float* dh, int64_t rows, const GroupSchedule& sched,
-                            Workspace& ws, void* stream_ptr) {
-  const cudaStream_t stream = as_stream(stream_ptr);
-  const int64_t k = 2 * s.ffn, kbs = ceil_div(k, kFp8Block);
-  GluBwdQuant a;
-  a.dh = dh;
-  a.c = s.c.ptr<const uint16_t>();
-  a.probs = s.probs.ptr<const float>();
-  a.rows = rows;
-  a.ffn = s.ffn;
-  a.layout = s.glu_layout;
-  a.glu = s.glu;
-  a.pow2 = s.pow2_scales;
-  a.sched = sched;
-  if (s.out_row.data.data != nullptr) {
-    zero(s.out_row.scales, stream);  // block rows no group reaches are 0, as quantize_fp8_block leaves them
-    a.qr = s.out_row.data.ptr<uint8_t>();
-    a.sr = s.out_row.scales.ptr<float>();
-  }
-  if (s.out_col.data.data != nullptr) {
-    zero(s.out_col.scales, stream);
-    a.qc = s.out_col.data.ptr<uint8_t>();
-    a.sc = s.out_col.scales.ptr<float>();
-  }
-  a.out_bf16 = s.out_bf16.ptr<uint16_t>();
-  const int64_t tiles = sched.tiles_bound;
-  if (s.dprobs.data != nullptr) {
-    a.ws_dprob = ws.take<float>(kbs * rows);
-    // Rows outside every group (only with offsets that do not cover T) then still sum defined zeros.
-    MXMOE_CUDA_CHECK(cudaMemsetAsync(a.ws_dprob, 0, static_cast<size_t>(kbs * rows) * 4, stream));
-  }
-  if (s.db1.dst.data != nullptr) a.ws_db1 = ws.take<float>(tiles * k);
-  const int64_t ctas = tiles * kbs;
-  if (ctas > 0x7fffffff) throw Error("dc", "too many 128x128 tiles for one grid: " + std::to_string(ctas));
-  if (ctas > 0) {
-    if (s.glu.activation == Activation::swiglu)
-      glu_backward_quantize_kernel<Activation::swiglu><<<static_cast<unsigned>(ctas), kThreads, 0, stream>>>(a);
-    else
-      glu_backward_quantize_kernel<Activation::clamped_swiglu><<<static_cast<unsigned>(ctas), kThreads, 0, stream>>>(a);
-    MXMOE_CUDA_CHECK_LAUNCH();
-  }
-  if (a.ws_dprob != nullptr)
-    launch_reduce_dprob(a.ws_dprob, static_cast<int>(kbs), rows, s.dprob_add.ptr<const float>(), s.dprobs.ptr<float>(), stream);
-  if (a.ws_db1 != nullptr)
-    launch_reduce_expert_tiles(a.ws_db1, k, sched, GradDst{s.db1.dst.data, s.db1.dst.dtype == DType::f32, s.db1.accumulate},
-                               stream);
 }
 
 namespace {

@@ -412,15 +412,6 @@ bool fp8_block_kernel_takes(const detail::MGemmStep& s) {
 }
 
 namespace {
-// FC2 dgrad (glu_backward) with fp8_block dC: the FP8 store kernel into a transient fp32 dH, then one
-// pass that computes, quantizes and reduces (glu_backward_fp8_block, src/cuda/quant/fp8_block.cu),
-// where that pass takes the step. H200, session 12: the GLU-backward epilogue and the quantize pass
-// over its bf16 dC took 1.7-3.7x a plain GEMM of the shape (bench/results/2026-12-03-h200-sm90-s12-
-// fp8-vs-cutlass.md). MXMOE_SM90_FP8_DGLU=fused keeps that old path (read per call).
-bool dglu_split_takes(const detail::MGemmStep& s) {
-  return !env_is("MXMOE_SM90_FP8_DGLU", "fused") && glu_backward_fp8_block_takes(s);
-}
-
 // An fp8_blockwise step on the FP8-wgmma kernel; an FP8 output of glu_forward (A row-wise and in
 // token blocks) is written in bf16 (the step's, or a transient one) and quantized from there
 // (docs/numerics.md "Quantized value").
@@ -431,12 +422,10 @@ void run_gemm_m_blk(const detail::MGemmStep& s0, cudaStream_t stream) {
   const bool transpose = s0.gemm.b_kn && s0.gemm.b.transposed.dense.data == nullptr;
   const int64_t E = bd.shape[0], br = bd.shape[1], bc = bd.shape[2];
   const int64_t scale_count = E * ceil_div(br, kFp8Block) * ceil_div(bc, kFp8Block);
-  const int64_t rows = a_rows(s0);
-  const bool split = dglu_split_takes(s0) && rows > 0;
-  Workspace tmp((split ? Workspace::aligned(rows * s0.ffn * 4) : staged_output_bytes(s0)) +
+  Workspace tmp(staged_output_bytes(s0) +
                     (transpose ? Workspace::aligned(E * br * bc) + Workspace::aligned(scale_count * 4) : 0),
                 stream);
-  detail::MGemmStep s = split ? s0 : with_bf16_output(s0, tmp);
+  detail::MGemmStep s = with_bf16_output(s0, tmp);
   if (s0.gemm.b_kn) {
     if (transpose) {
       uint8_t* qt = tmp.take<uint8_t>(E * br * bc);
@@ -451,21 +440,6 @@ void run_gemm_m_blk(const detail::MGemmStep& s0, cudaStream_t stream) {
     }
     s.gemm.b.dequantized = ExpertMatrices{};
     s.gemm.b_kn = false;
-  }
-  if (split) {
-    // dH = dY W2_e^T by the store kernel (fp32: the dA the GLU backward takes, docs/numerics.md
-    // "Activation precision"), then the GLU backward and dC's quantization in one pass.
-    float* dh = tmp.take<float>(rows * s0.ffn);
-    detail::MGemmStep st;
-    st.gemm = s.gemm;
-    st.gemm.bias = TensorView{};
-    st.gemm.d = TensorView::of(dh, DType::f32, {rows, s0.ffn}, a_view(s0).device);
-    st.epilogue = detail::Epilogue::store;
-    Workspace ws(gemm_m_workspace_bytes(st, kBlkN) + glu_backward_fp8_block_workspace_bytes(s0, rows), stream);
-    const MPlan plan = plan_gemm_m(st, kBlkN, ws, stream);
-    launch_gemm_m_blk(st, plan, stream);
-    glu_backward_fp8_block(s0, dh, rows, plan.params.sched, ws, stream);
-    return;
   }
   if (s.gemm.offsets.experts() > 0) {
     Workspace ws(gemm_m_workspace_bytes(s, kBlkN), stream);

@@ -116,14 +116,7 @@ struct ChunkWalk {
 // Copies the stage out (all 128 threads of the warp group, wtid = 0..127), 16-byte chunks where the
 // destination allows (the base, row pitch and group stride 16-byte aligned and the chunk inside
 // valid_bytes), 4-byte words otherwise. Ends with the warp group's barrier (the stage is free again).
-// kUnroll: rows in flight per thread. Every copy of a cooperative tile is on the critical path (both
-// consumer warp groups are in their epilogues while the tensor cores idle): glu_backward takes 4, and
-// so do the store and wgrad epilogues where the tile is one pass (no accumulators stay live across
-// the copy: BN 128 bf16, the FP8 kernels; ptxas -v: no new spills there, while the BF16 wgrad at BN
-// 256 spilled 60 bytes with it).
-inline constexpr int kCopyUnroll = 4;
-template <int BN, int kElem>
-inline constexpr int kOnePassUnroll = BN * kElem <= kOutRowBytes ? kCopyUnroll : 1;
+// kUnroll: rows in flight per thread (glu_backward, whose copies are on the critical path: 4).
 template <int kRow = kOutRowBytes, int kUnroll = 1>
 __device__ __forceinline__ void copy_out(Stage st, const OutBlock& o, int wtid, int cw) {
   wg_sync(cw);  // the stage is complete
@@ -216,8 +209,8 @@ __device__ __forceinline__ void epilogue_store_impl(const KernelParams& p, const
       }
     }
     const int64_t col0 = n0 + 8 * j0;
-    copy_out<kOutRowBytes, kOnePassUnroll<BN, kElem>>(st, {static_cast<char*>(p.d) + (row_first * p.n + col0) * kElem, p.n * kElem,
-                                             rows, stage_bytes(col0, p.n, kElem)}, ctid % 128, cw);
+    copy_out(st, {static_cast<char*>(p.d) + (row_first * p.n + col0) * kElem, p.n * kElem, rows,
+                  stage_bytes(col0, p.n, kElem)}, ctid % 128, cw);
   }
 }
 
@@ -251,7 +244,7 @@ __device__ __forceinline__ void epilogue_wgrad_impl(const KernelParams& p, const
     if constexpr (kAdd) {
       // The main grad's block comes in by cp.async (one round trip per pass, no registers), the
       // accumulator is added in the stage, the sum goes out.
-      copy_in_start<kOutRowBytes, kOnePassUnroll<BN, kElem>>(st, o, ctid % 128);
+      copy_in_start(st, o, ctid % 128);
       copy_in_finish(cw);
     }
 #pragma unroll
@@ -262,7 +255,7 @@ __device__ __forceinline__ void epilogue_wgrad_impl(const KernelParams& p, const
         if constexpr (kF32) stage_pair<kAdd>(st, fr, h, jj, v0, v1);
         else stage_pair(st, fr, h, jj, pack_bf16x2(v0, v1));
       }
-    copy_out<kOutRowBytes, kOnePassUnroll<BN, kElem>>(st, o, ctid % 128, cw);
+    copy_out(st, o, ctid % 128, cw);
   }
 }
 

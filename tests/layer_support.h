@@ -6,6 +6,7 @@
 #include <optional>
 #include <vector>
 
+#include "src/api/layer_state.h"
 #include "tests/gpu_support.h"
 
 namespace mxmoe::test {
@@ -39,6 +40,7 @@ inline LayerData make_layer_data(const Problem& p, const std::vector<int>& sizes
 
 struct LayerOutputs {
   HostTensor y, dx, dprobs, dw1, dw2, db1, db2;
+  HostTensor c;  // the forward's saved C (bf16 [T, 2F]), as the forward wrote it
   int64_t saved_bytes = 0;
   std::vector<StepRecord> report;
 };
@@ -51,6 +53,10 @@ struct RunConfig {
   std::optional<LayerOutputs> grads_in;
   // Weights quantized once (prepare_weights), passed to forward and backward.
   const PreparedWeights* prepared = nullptr;
+  // Overwrites the forward's saved C with these bf16 [T, 2F] values before backward: a reference
+  // backward at another run's C (the GPU's), so that both backwards evaluate the GLU derivative,
+  // and its clamp masks, at the same points (docs/numerics.md "Activation precision").
+  const HostTensor* saved_c = nullptr;
 };
 
 // Memory on one device for the runner: host vectors or cudaMalloc.
@@ -93,6 +99,19 @@ struct Arena {
     }
     return h;
   }
+  // dst <- src, same byte count (dst in this arena's memory).
+  void set(const TensorView& dst, const HostTensor& src) {
+    if (static_cast<size_t>(dst.bytes()) != src.bytes.size()) throw std::runtime_error("Arena::set: sizes differ");
+    if (src.bytes.empty()) return;
+    if (device.type == DeviceType::cpu) {
+      std::memcpy(dst.data, src.bytes.data(), src.bytes.size());
+    } else {
+#if defined(MXMOE_WITH_CUDA)
+      cuda_ok(cudaDeviceSynchronize());
+      cuda_ok(cudaMemcpy(dst.data, src.bytes.data(), src.bytes.size(), cudaMemcpyHostToDevice));
+#endif
+    }
+  }
   // An i64 [E] table of the addresses of each [rows, cols] slice of a dense [E, rows, cols] tensor.
   TensorView pointer_table(const TensorView& dense) {
     const int64_t E = dense.shape[0], per = dense.shape[1] * dense.shape[2] * static_cast<int64_t>(dtype_size(dense.dtype));
@@ -128,6 +147,9 @@ inline LayerOutputs run_layer(Context& ctx, Device device, const LayerData& d, c
   SavedState saved = forward(ctx, p, fa);
   LayerOutputs out;
   out.saved_bytes = saved.bytes();
+  const TensorView c = saved.impl().c.view;
+  out.c = m.get(c);
+  if (cfg.saved_c != nullptr) m.set(c, *cfg.saved_c);
 
   BackwardArgs ba;
   ba.dy = m.put(d.dy);

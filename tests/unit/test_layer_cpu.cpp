@@ -159,6 +159,42 @@ TEST(CpuLayer, DeferredWgradIsBitIdenticalToImmediate) {
   }
 }
 
+// RunConfig::saved_c (the GPU layer tests' backward at the GPU's C): the backward reads the C it is
+// given. Its own C back gives the same bytes; a changed C changes every output made from dC while y
+// (the forward's) stays, and the run reports the C its forward wrote.
+TEST(CpuLayer, BackwardRunsFromTheGivenSavedC) {
+  for (Recipe r : {Recipe::bf16, Recipe::fp8_blockwise}) {
+    SCOPED_TRACE(to_string(r));
+    Problem p = make_problem(r, Activation::clamped_swiglu, GluLayout::interleave32, true, true, true);
+    LayerData d = make_layer_data(p, kSizes, 4.0f);
+    Context ctx({.backend = "cpu"});
+    const LayerOutputs base = run_layer(ctx, Device{}, d);
+    ASSERT_EQ(base.c.view.numel(), d.tokens * 2 * p.ffn);
+    RunConfig same;
+    same.saved_c = &base.c;
+    const LayerOutputs again = run_layer(ctx, Device{}, d, same);
+    for (auto [name, t] : outputs_of(base, p)) {
+      const HostTensor* other = nullptr;
+      for (auto [n2, t2] : outputs_of(again, p))
+        if (std::string(n2) == name) other = t2;
+      EXPECT_TRUE(bytes_equal(t->view, other->view)) << name;
+    }
+    HostTensor moved = base.c;  // every C value halved: away from the clamp limits, another dC
+    for (int64_t i = 0; i < moved.view.numel(); ++i) {
+      uint16_t& v = moved.ptr<uint16_t>()[i];
+      v = bf16_from_f32(0.5f * f32_from_bf16(v));
+    }
+    RunConfig other_c;
+    other_c.saved_c = &moved;
+    const LayerOutputs changed = run_layer(ctx, Device{}, d, other_c);
+    EXPECT_TRUE(bytes_equal(base.y.view, changed.y.view)) << "y comes from the forward";
+    EXPECT_TRUE(bytes_equal(base.c.view, changed.c.view)) << "the reported C is the forward's";
+    EXPECT_FALSE(bytes_equal(base.dx.view, changed.dx.view)) << "dx did not follow the given C";
+    EXPECT_FALSE(bytes_equal(base.dw1.view, changed.dw1.view)) << "dw1 did not follow the given C";
+    EXPECT_FALSE(bytes_equal(base.dprobs.view, changed.dprobs.view)) << "dprobs did not follow the given C";
+  }
+}
+
 TEST(CpuLayer, MainGradBetaOneAddsAndBetaZeroOverwrites) {
   Problem p = make_problem(Recipe::mxfp8, Activation::swiglu, GluLayout::halves, true, true, false);
   LayerData d = make_layer_data(p, kSizes);  // expert 1 is empty

@@ -89,26 +89,23 @@ struct Arena {
     h.view.device = Device{};
     h.bytes.resize(static_cast<size_t>(v.bytes()));
     h.view.data = h.bytes.data();
-    if (device.type == DeviceType::cpu) {
-      std::memcpy(h.bytes.data(), v.data, h.bytes.size());
-    } else {
-#if defined(MXMOE_WITH_CUDA)
-      cuda_ok(cudaDeviceSynchronize());
-      cuda_ok(cudaMemcpy(h.bytes.data(), v.data, h.bytes.size(), cudaMemcpyDeviceToHost));
-#endif
-    }
+    copy(h.bytes.data(), v.data, h.bytes.size(), false);
     return h;
   }
   // dst <- src, same byte count (dst in this arena's memory).
   void set(const TensorView& dst, const HostTensor& src) {
     if (static_cast<size_t>(dst.bytes()) != src.bytes.size()) throw std::runtime_error("Arena::set: sizes differ");
-    if (src.bytes.empty()) return;
+    copy(dst.data, src.bytes.data(), src.bytes.size(), true);
+  }
+  // n bytes between the host and this arena's memory (to_arena: host -> arena), after the stream's work.
+  void copy(void* dst, const void* src, size_t n, bool to_arena) {
+    if (n == 0) return;
     if (device.type == DeviceType::cpu) {
-      std::memcpy(dst.data, src.bytes.data(), src.bytes.size());
+      std::memcpy(dst, src, n);
     } else {
 #if defined(MXMOE_WITH_CUDA)
       cuda_ok(cudaDeviceSynchronize());
-      cuda_ok(cudaMemcpy(dst.data, src.bytes.data(), src.bytes.size(), cudaMemcpyHostToDevice));
+      cuda_ok(cudaMemcpy(dst, src, n, to_arena ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost));
 #endif
     }
   }

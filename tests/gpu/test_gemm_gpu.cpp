@@ -170,21 +170,17 @@ TEST_P(GpuGemmM, StoreHandlesAllEmptySingleExpertAndSkewedSplits) {
 #if defined(MXMOE_WITH_CUDA)
 // body(pow2) in the fp8_blockwise backward modes of cuda_sm90, each with its switches set: the FP8
 // backward (the default; fp32 scales too) with each FP8 mainloop (MXMOE_SM90_FP8_MAINLOOP: staged
-// scales by default, l2, pipe) and the store epilogues' synchronous stores (MXMOE_SM90_FP8_STORE=sync;
-// default: bulk copies), and MXMOE_SM90_FP8_BLOCK=forward (power-of-two scales only: BF16 kernels on
+// scales by default, l2), and MXMOE_SM90_FP8_BLOCK=forward (power-of-two scales only: BF16 kernels on
 // dequantized operands). Other backends ignore the switches (power-of-two scales only).
 template <class F>
 void for_each_fp8_backward_mode(F body) {
-  for (int mode : {0, 1, 2, 3, 4}) {
-    const bool fp8_kernels = mode < 4;
-    const char* mainloop = mode == 1 ? "l2" : mode == 2 ? "pipe" : nullptr;
-    const char* store = mode == 3 ? "sync" : nullptr;
-    SCOPED_TRACE(mode == 4 ? std::string("MXMOE_SM90_FP8_BLOCK=forward")
-                           : std::string("FP8 backward, mainloop ") + (mainloop ? mainloop : "staged") +
-                                 (store ? ", synchronous stores" : ""));
+  for (int mode : {0, 1, 2}) {
+    const bool fp8_kernels = mode < 2;
+    const char* mainloop = mode == 1 ? "l2" : nullptr;
+    SCOPED_TRACE(mode == 2 ? std::string("MXMOE_SM90_FP8_BLOCK=forward")
+                           : std::string("FP8 backward, mainloop ") + (mainloop ? mainloop : "staged"));
     EnvOverride env("MXMOE_SM90_FP8_BLOCK", fp8_kernels ? nullptr : "forward");
     EnvOverride env2("MXMOE_SM90_FP8_MAINLOOP", mainloop);
-    EnvOverride env3("MXMOE_SM90_FP8_STORE", store);
     for (bool pow2 : {true, false})
       if (pow2 || fp8_kernels) body(pow2);
   }
@@ -300,20 +296,18 @@ void expect_fp8_block_store_ok(detail::Backend& backend, const Fp8Case& c, doubl
 #endif
 
 // Every mainloop of cuda_sm90's FP8 kernels (MXMOE_SM90_FP8_MAINLOOP): scales staged in shared memory
-// by the producer (default), loaded by the consumers from L2, staged with two partial tiles in flight.
+// by the producer (default), loaded by the consumers from L2, staged with the consumers in turn.
 TEST_P(GpuGemmM, Fp8BlockStoreMatchesTheBlockRuleForFp32AndPow2Scales) {
 #if defined(MXMOE_WITH_CUDA)
-  for (const char* mainloop : {static_cast<const char*>(nullptr), "l2", "pipe", "sync store"})
+  for (const char* mainloop : {static_cast<const char*>(nullptr), "l2"})
   for (bool pow2 : {false, true}) {
     SCOPED_TRACE(std::string("MXMOE_SM90_FP8_MAINLOOP=") + (mainloop ? mainloop : "(default)"));
-    const bool sync = mainloop != nullptr && std::string(mainloop) == "sync store";
-    EnvOverride env("MXMOE_SM90_FP8_MAINLOOP", sync ? nullptr : mainloop);
-    EnvOverride env2("MXMOE_SM90_FP8_STORE", sync ? "sync" : nullptr);
+    EnvOverride env("MXMOE_SM90_FP8_MAINLOOP", mainloop);
     expect_fp8_block_store_ok(backend(), {{0, 1, 127, 129, 300, 0}, 256, 128, pow2}, 3e-4);
     expect_fp8_block_store_ok(backend(), {{37, 0, 130}, 2880, 1408 + 64, pow2}, 3e-4);  // K, N tails of 128
     expect_fp8_block_store_ok(backend(), {{0, 0, 0}, 128, 64, pow2}, 3e-4);
     expect_fp8_block_store_ok(backend(), {{513, 2, 1}, 400, 200, pow2}, 3e-4);
-    expect_fp8_block_store_ok(backend(), {{37, 5, 140}, 256, 100, pow2}, 3e-4);  // 200-byte rows: no bulk copies
+    expect_fp8_block_store_ok(backend(), {{37, 5, 140}, 256, 100, pow2}, 3e-4);  // 200-byte rows (not 16-byte aligned)
   }
 #endif
 }
@@ -484,7 +478,7 @@ TEST_P(GpuGemmK, Fp8BlockMatchesTheBlockRule) {
     expect_fp8_block_wgrad_ok(backend(), {0, 1, 127, 129, 300, 0}, 128, 256, pow2, false, DType::f32);
     expect_fp8_block_wgrad_ok(backend(), {37, 0, 130, 5}, 200, 136, pow2, true, DType::f32);
     expect_fp8_block_wgrad_ok(backend(), {256, 3}, 64, 72, pow2, false, DType::bf16);
-    // 5, 1, 4 and 3 k-blocks per group: the pipe mainloop's pairs of k-blocks and both of its tails.
+    // 5, 1, 4 and 3 k-blocks per group (several k-blocks per tile, odd and even counts).
     expect_fp8_block_wgrad_ok(backend(), {640, 3, 512, 384}, 136, 128, pow2, false, DType::f32);
     expect_fp8_block_wgrad_ok(backend(), {0, 0, 0}, 64, 64, pow2, false, DType::f32);
   });

@@ -114,13 +114,10 @@ TEST_P(GpuLayer, MatchesCpuReferenceAtSameQuantizationPoints) {
 // same-points tolerance, power-of-two and fp32 scales, each FP8 mainloop; then with
 // MXMOE_SM90_FP8_BLOCK=forward (the backward on dequantized operands, power-of-two scales).
 TEST_P(GpuLayer, Fp8BlockwiseWithFp8BackwardMatchesCpu) {
-  // MXMOE_SM90_FP8_MAINLOOP, and "sync store": the default mainloop with MXMOE_SM90_FP8_STORE=sync
-  for (const char* mainloop : {static_cast<const char*>(nullptr), "l2", "pipe", "sync store"})
+  for (const char* mainloop : {static_cast<const char*>(nullptr), "l2"})  // MXMOE_SM90_FP8_MAINLOOP
   for (GpuCase c : cases()) {
     if (c.problem.recipe != Recipe::fp8_blockwise) continue;
-    const bool sync = mainloop != nullptr && std::string(mainloop) == "sync store";
-    EnvOverride env2("MXMOE_SM90_FP8_MAINLOOP", sync ? nullptr : mainloop);
-    EnvOverride env3("MXMOE_SM90_FP8_STORE", sync ? "sync" : nullptr);
+    EnvOverride env2("MXMOE_SM90_FP8_MAINLOOP", mainloop);
     SCOPED_TRACE(std::string("mainloop ") + (mainloop ? mainloop : "staged (default)"));
     for (bool pow2 : {true, false}) {
       if (!pow2 && backend_name() != "cuda_sm90") continue;  // fp32 scales: only the FP8 kernels take them

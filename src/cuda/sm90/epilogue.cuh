@@ -170,67 +170,9 @@ __device__ __forceinline__ void copy_in_finish(int cw) {
   wg_sync(cw);
 }
 
-// ---- asynchronous row stores (the FP8-blockwise store and wgrad epilogues) ------------------------
-// The stage's rows go out as bulk copies (cp.async.bulk, the TMA engine, one per row, issued by the
-// warp group's first warp), and the consumers go on to the next tile's mainloop while they fly; a
-// stage is written again once its copies have read it (bulk_stage_acquire). Rows are kOutRowBytes
-// (one pass) at a padded pitch: 16-byte aligned, and a fragment write (8 rows x 16 or 32 bytes) hits
-// every bank once or twice. Accumulating into an f32 D is a bulk reduce-add (D + acc in f32, one
-// rounding, as the synchronous path's stage add). Needs D's row starts and the valid bytes of every
-// row 16-byte aligned; the epilogues check per tile and take the synchronous path otherwise.
-inline constexpr int kBulkPitch = kOutRowBytes + 16;
-inline constexpr int kBulkStageBytes = 64 * kBulkPitch;
-__device__ __forceinline__ void bulk_row(char* dst, Stage src, int bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_row_add_f32(char* dst, Stage src, int bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst), "r"(src),
-               "r"(bytes)
-               : "memory");
-}
-// The stage may be written: the warp group's earlier bulk copies (issued by its first warp, whose
-// lanes wait for their own groups) have read it.
-__device__ __forceinline__ void bulk_stage_acquire(int wtid, int cw) {
-  if (wtid < 32) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-  wg_sync(cw);
-}
-// Before the CTA exits: every bulk copy of this thread has completed (its writes are done).
-__device__ __forceinline__ void bulk_drain(int wtid) {
-  if (wtid < 32) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-}
-__device__ __forceinline__ bool bulk_aligned(const void* base, int64_t ld_bytes, int valid_bytes) {
-  return ((reinterpret_cast<uintptr_t>(base) | static_cast<uintptr_t>(ld_bytes) | static_cast<uintptr_t>(valid_bytes)) & 15) == 0;
-}
-__device__ __forceinline__ void bulk_stage_pair(Stage st, const Frag& fr, int h, int jj, uint32_t bf16x2) {
-  asm volatile("st.shared.b32 [%0], %1;" ::"r"(st + fr.row(h) * kBulkPitch + (8 * jj + 2 * (fr.lane % 4)) * 2),
-               "r"(bf16x2)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_stage_pair(Stage st, const Frag& fr, int h, int jj, float v0, float v1) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(st + fr.row(h) * kBulkPitch + (8 * jj + 2 * (fr.lane % 4)) * 4),
-               "f"(v0), "f"(v1)
-               : "memory");
-}
-// The staged rows out: each thread's stage writes made visible to the async proxy, the warp group's
-// barrier, then lanes of the first warp issue rows wtid, wtid + 32 and commit.
-template <bool kAdd>
-__device__ __forceinline__ void bulk_out(Stage st, const OutBlock& o, int wtid, int cw) {
-  fence_proxy_async_smem();
-  wg_sync(cw);
-  if (wtid < 32) {
-    if (o.valid_bytes > 0) {
-      for (int r = wtid; r < o.rows; r += 32) {
-        if constexpr (kAdd) bulk_row_add_f32(o.base + r * o.ld, st + r * kBulkPitch, o.valid_bytes);
-        else bulk_row(o.base + r * o.ld, st + r * kBulkPitch, o.valid_bytes);
-      }
-    }
-    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-  }
-}
-
 // D[t, n] = acc (+ bias_e[n] or p_t * bias_e[n]) for the tile's rows inside the group; passes of
 // 128 bf16 or 64 f32 columns.
-template <int BN, bool kBias, bool kF32, bool kBulk>
+template <int BN, bool kBias, bool kF32>
 __device__ __forceinline__ void epilogue_store_impl(const KernelParams& p, const Tile& t, int cw, int ctid,
                                                     const float (&acc)[BN / 2], Stage st) {
   const Frag fr{(ctid % 128) / 32, ctid % 32};
@@ -251,7 +193,6 @@ __device__ __forceinline__ void epilogue_store_impl(const KernelParams& p, const
   const int rows = stage_rows(row_first, t.row_end);
 #pragma unroll
   for (int j0 = 0; j0 < BN / 8; j0 += kPassJ) {
-    if constexpr (kBulk) bulk_stage_acquire(ctid % 128, cw);
 #pragma unroll
     for (int jj = 0; jj < kPassJ; ++jj) {
       const int j = j0 + jj;
@@ -263,50 +204,31 @@ __device__ __forceinline__ void epilogue_store_impl(const KernelParams& p, const
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float v0 = acc[4 * j + 2 * h] + scale[h] * bl, v1 = acc[4 * j + 2 * h + 1] + scale[h] * bh;
-        if constexpr (kBulk && kF32) bulk_stage_pair(st, fr, h, jj, v0, v1);
-        else if constexpr (kBulk) bulk_stage_pair(st, fr, h, jj, pack_bf16x2(v0, v1));
-        else if constexpr (kF32) stage_pair(st, fr, h, jj, v0, v1);
+        if constexpr (kF32) stage_pair(st, fr, h, jj, v0, v1);
         else stage_pair(st, fr, h, jj, pack_bf16x2(v0, v1));
       }
     }
     const int64_t col0 = n0 + 8 * j0;
-    const OutBlock o{static_cast<char*>(p.d) + (row_first * p.n + col0) * kElem, p.n * kElem, rows,
-                     stage_bytes(col0, p.n, kElem)};
-    if constexpr (kBulk) bulk_out<false>(st, o, ctid % 128, cw);
-    else copy_out(st, o, ctid % 128, cw);
+    copy_out(st, {static_cast<char*>(p.d) + (row_first * p.n + col0) * kElem, p.n * kElem, rows,
+                  stage_bytes(col0, p.n, kElem)}, ctid % 128, cw);
   }
 }
 
-// kBulkOk: the configuration's stage has room for the padded bulk rows (kBulkStageBytes); p.bulk_store
-// asks for them, and D's alignment allows them (every tile alike: row starts d + (t n + n0) elem).
-template <int BN, bool kBulkOk = false>
+template <int BN>
 __device__ __forceinline__ void epilogue_store(const KernelParams& p, const Tile& t, int cw, int ctid,
                                                const float (&acc)[BN / 2], Stage st) {
-  if constexpr (kBulkOk) {
-    if (p.bulk_store && bulk_aligned(p.d, p.n * (p.d_f32 ? 4 : 2), 0)) {
-      if (p.bias != nullptr) {
-        if (p.d_f32) epilogue_store_impl<BN, true, true, true>(p, t, cw, ctid, acc, st);
-        else epilogue_store_impl<BN, true, false, true>(p, t, cw, ctid, acc, st);
-      } else {
-        if (p.d_f32) epilogue_store_impl<BN, false, true, true>(p, t, cw, ctid, acc, st);
-        else epilogue_store_impl<BN, false, false, true>(p, t, cw, ctid, acc, st);
-      }
-      return;
-    }
-    bulk_stage_acquire(ctid % 128, cw);  // the synchronous path writes the stage too
-  }
   if (p.bias != nullptr) {
-    if (p.d_f32) epilogue_store_impl<BN, true, true, false>(p, t, cw, ctid, acc, st);
-    else epilogue_store_impl<BN, true, false, false>(p, t, cw, ctid, acc, st);
+    if (p.d_f32) epilogue_store_impl<BN, true, true>(p, t, cw, ctid, acc, st);
+    else epilogue_store_impl<BN, true, false>(p, t, cw, ctid, acc, st);
   } else {
-    if (p.d_f32) epilogue_store_impl<BN, false, true, false>(p, t, cw, ctid, acc, st);
-    else epilogue_store_impl<BN, false, false, false>(p, t, cw, ctid, acc, st);
+    if (p.d_f32) epilogue_store_impl<BN, false, true>(p, t, cw, ctid, acc, st);
+    else epilogue_store_impl<BN, false, false>(p, t, cw, ctid, acc, st);
   }
 }
 
 // D_e[m, n] = acc (+ D_e[m, n] when accumulating into fp32). An empty group writes zeros, or leaves
 // D_e untouched when accumulating.
-template <int BN, bool kF32, bool kAdd, bool kBulk>
+template <int BN, bool kF32, bool kAdd>
 __device__ __forceinline__ void epilogue_wgrad_impl(const KernelParams& p, const Tile& t, int cw, int ctid,
                                                     const float (&acc)[BN / 2], Stage st) {
   const Frag fr{(ctid % 128) / 32, ctid % 32};
@@ -319,55 +241,31 @@ __device__ __forceinline__ void epilogue_wgrad_impl(const KernelParams& p, const
   for (int j0 = 0; j0 < BN / 8; j0 += kPassJ) {
     const int64_t col0 = n0 + 8 * j0;
     const OutBlock o{d + (row_first * p.n + col0) * kElem, p.n * kElem, rows, stage_bytes(col0, p.n, kElem)};
-    if constexpr (kBulk) {
-      // The sum with D is the bulk reduce-add's; the stage takes the accumulator alone.
-      bulk_stage_acquire(ctid % 128, cw);
-#pragma unroll
-      for (int jj = 0; jj < kPassJ; ++jj)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float v0 = acc[4 * (j0 + jj) + 2 * h], v1 = acc[4 * (j0 + jj) + 2 * h + 1];
-          if constexpr (kF32) bulk_stage_pair(st, fr, h, jj, v0, v1);
-          else bulk_stage_pair(st, fr, h, jj, pack_bf16x2(v0, v1));
-        }
-      bulk_out<kAdd>(st, o, ctid % 128, cw);
-    } else {
-      if constexpr (kAdd) {
-        // The main grad's block comes in by cp.async (one round trip per pass, no registers), the
-        // accumulator is added in the stage, the sum goes out.
-        copy_in_start(st, o, ctid % 128);
-        copy_in_finish(cw);
-      }
-#pragma unroll
-      for (int jj = 0; jj < kPassJ; ++jj)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float v0 = acc[4 * (j0 + jj) + 2 * h], v1 = acc[4 * (j0 + jj) + 2 * h + 1];
-          if constexpr (kF32) stage_pair<kAdd>(st, fr, h, jj, v0, v1);
-          else stage_pair(st, fr, h, jj, pack_bf16x2(v0, v1));
-        }
-      copy_out(st, o, ctid % 128, cw);
+    if constexpr (kAdd) {
+      // The main grad's block comes in by cp.async (one round trip per pass, no registers), the
+      // accumulator is added in the stage, the sum goes out.
+      copy_in_start(st, o, ctid % 128);
+      copy_in_finish(cw);
     }
+#pragma unroll
+    for (int jj = 0; jj < kPassJ; ++jj)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float v0 = acc[4 * (j0 + jj) + 2 * h], v1 = acc[4 * (j0 + jj) + 2 * h + 1];
+        if constexpr (kF32) stage_pair<kAdd>(st, fr, h, jj, v0, v1);
+        else stage_pair(st, fr, h, jj, pack_bf16x2(v0, v1));
+      }
+    copy_out(st, o, ctid % 128, cw);
   }
 }
 
-template <int BN, bool kBulkOk = false>
+template <int BN>
 __device__ __forceinline__ void epilogue_wgrad(const KernelParams& p, const Tile& t, int cw, int ctid,
                                                const float (&acc)[BN / 2], Stage st) {
   if (t.k_blocks == 0 && p.accumulate) return;
-  if constexpr (kBulkOk) {
-    const int elem = p.d_f32 ? 4 : 2;
-    if (p.bulk_store && bulk_aligned(p.d_experts.at<void>(t.expert), p.n * elem, 0)) {
-      if (!p.d_f32) epilogue_wgrad_impl<BN, false, false, true>(p, t, cw, ctid, acc, st);
-      else if (p.accumulate) epilogue_wgrad_impl<BN, true, true, true>(p, t, cw, ctid, acc, st);
-      else epilogue_wgrad_impl<BN, true, false, true>(p, t, cw, ctid, acc, st);
-      return;
-    }
-    bulk_stage_acquire(ctid % 128, cw);
-  }
-  if (!p.d_f32) epilogue_wgrad_impl<BN, false, false, false>(p, t, cw, ctid, acc, st);
-  else if (p.accumulate) epilogue_wgrad_impl<BN, true, true, false>(p, t, cw, ctid, acc, st);
-  else epilogue_wgrad_impl<BN, true, false, false>(p, t, cw, ctid, acc, st);
+  if (!p.d_f32) epilogue_wgrad_impl<BN, false, false>(p, t, cw, ctid, acc, st);
+  else if (p.accumulate) epilogue_wgrad_impl<BN, true, true>(p, t, cw, ctid, acc, st);
+  else epilogue_wgrad_impl<BN, true, false>(p, t, cw, ctid, acc, st);
 }
 
 // ---- GLU epilogues: C (and dC) in passes of kFeat features ---------------------------------------
@@ -402,19 +300,7 @@ struct GluPassCols {
 // instruction-cache misses (ncu: stall_no_inst was half the epilogue's samples when it was 146 KB
 // of SASS): activation and bias are template parameters (one branch per tile, not per value),
 // conversions are single instructions.
-// The FP8-blockwise GLU forward by bulk copies: C's pass (256 bytes a row: 64 features, a and b) and
-// A (128 bytes: the same 64 features) side by side in one padded stage row, written in one go, then
-// the rows go out as bulk copies (C: one piece, or a and b pieces F columns apart; A: one).
-inline constexpr int kGluBulkPitch = 2 * kOutRowBytes - kOutRowBytes / 2 + 16;  // 400 bytes
-inline constexpr int kGluBulkStageBytes = 64 * kGluBulkPitch;
-__device__ __forceinline__ void bulk_out_pieces(Stage st, int pitch, const OutBlock& o, int wtid) {
-  if (o.valid_bytes <= 0) return;
-  const int pieces = 16 / o.group;
-  for (int r = wtid; r < o.rows; r += 32)
-    for (int i = 0; i < pieces; ++i) bulk_row(o.base + r * o.ld + i * o.gstride, st + r * pitch + i * 16 * o.group, o.valid_bytes);
-}
-
-template <int BN, Activation kAct, bool kBias, bool kBulk = false>
+template <int BN, Activation kAct, bool kBias>
 __device__ __forceinline__ void epilogue_glu_forward_impl(const KernelParams& p, const Tile& t, int cw, int ctid,
                                                           const float (&acc)[BN / 2], Stage st) {
   // A's pass: BN/2 features, 256 bytes of bf16 (BN 256) or the first 128 of them (BN 128, the FP8
@@ -439,43 +325,6 @@ __device__ __forceinline__ void epilogue_glu_forward_impl(const KernelParams& p,
     }
     return v;
   };
-  if constexpr (kBulk) {
-    static_assert(BN / 2 == kGluFwdPass, "one C pass and A side by side");
-    const int wtid = ctid % 128;
-    bulk_stage_acquire(wtid, cw);
-    float prob[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t row = row_first + fr.row(h);
-      prob[h] = p.probs != nullptr && row < t.row_end ? __ldg(p.probs + row) : 1.0f;
-    }
-#pragma unroll
-    for (int j = 0; j < BN / 16; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t row = st + fr.row(h) * kGluBulkPitch;
-        const float a0 = pre(j, h, 0, false), a1 = pre(j, h, 1, false), b0 = pre(j, h, 0, true), b1 = pre(j, h, 1, true);
-        if (p.c_out != nullptr) {
-          asm volatile("st.shared.b32 [%0], %1;" ::"r"(row + pc.a(j)), "r"(pack_bf16x2(a0, a1)) : "memory");
-          asm volatile("st.shared.b32 [%0], %1;" ::"r"(row + pc.b(j)), "r"(pack_bf16x2(b0, b1)) : "memory");
-        }
-        const uint32_t av = pack_bf16x2(prob[h] * glu_forward<kAct>(a0, b0, p.glu), prob[h] * glu_forward<kAct>(a1, b1, p.glu));
-        asm volatile("st.shared.b32 [%0], %1;" ::"r"(row + kOutRowBytes + (8 * j + 2 * (fr.lane % 4)) * 2), "r"(av) : "memory");
-      }
-    fence_proxy_async_smem();
-    wg_sync(cw);
-    if (wtid < 32) {
-      if (p.c_out != nullptr)
-        bulk_out_pieces(st, kGluBulkPitch,
-                        glu_pass_block<kGluFwdPass>(reinterpret_cast<char*>(p.c_out + row_first * C), f0, F, rows, p.glu_layout),
-                        wtid);
-      const int a_bytes = stage_bytes(f0, F, 2) < BN ? stage_bytes(f0, F, 2) : BN;
-      bulk_out_pieces(st + kOutRowBytes, kGluBulkPitch,
-                      {reinterpret_cast<char*>(p.out_bf16 + row_first * F + f0), F * 2, rows, a_bytes}, wtid);
-      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-    }
-    return;
-  }
   if (p.c_out != nullptr) {
     char* c_rows = reinterpret_cast<char*>(p.c_out + row_first * C);
 #pragma unroll
@@ -508,24 +357,10 @@ __device__ __forceinline__ void epilogue_glu_forward_impl(const KernelParams& p,
   copy_out(st, {reinterpret_cast<char*>(p.out_bf16 + row_first * F + f0), F * 2, rows, a_bytes}, ctid % 128, cw);
 }
 
-template <int BN, bool kBulkOk = false>
+template <int BN>
 __device__ __forceinline__ void epilogue_glu_forward(const KernelParams& p, const Tile& t, int cw, int ctid,
                                                      const float (&acc)[BN / 2], Stage st) {
   constexpr Activation kSwiglu = Activation::swiglu, kClamped = Activation::clamped_swiglu;
-  if constexpr (kBulkOk) {
-    // Bulk rows: every piece's start and length 16-byte aligned (F % 8; C and A aligned).
-    if (p.bulk_store && p.ffn % 8 == 0 && bulk_aligned(p.c_out, 0, 0) && bulk_aligned(p.out_bf16, 0, 0)) {
-      if (p.glu.activation == kSwiglu) {
-        if (p.bias != nullptr) epilogue_glu_forward_impl<BN, kSwiglu, true, true>(p, t, cw, ctid, acc, st);
-        else epilogue_glu_forward_impl<BN, kSwiglu, false, true>(p, t, cw, ctid, acc, st);
-      } else {
-        if (p.bias != nullptr) epilogue_glu_forward_impl<BN, kClamped, true, true>(p, t, cw, ctid, acc, st);
-        else epilogue_glu_forward_impl<BN, kClamped, false, true>(p, t, cw, ctid, acc, st);
-      }
-      return;
-    }
-    bulk_stage_acquire(ctid % 128, cw);
-  }
   if (p.glu.activation == kSwiglu) {
     if (p.bias != nullptr) epilogue_glu_forward_impl<BN, kSwiglu, true>(p, t, cw, ctid, acc, st);
     else epilogue_glu_forward_impl<BN, kSwiglu, false>(p, t, cw, ctid, acc, st);
@@ -819,10 +654,7 @@ __device__ __forceinline__ void epilogue_warps_glu_backward(const KernelParams& 
 // (glu_backward) the column sums.
 template <class Cfg>
 __device__ __forceinline__ Stage epilogue_stage(uint8_t* epi, int cw) {
-  return stage_of(epi + cw * (Cfg::kEpi == Epi::glu_backward                ? kGluBwdStageBytes
-                              : Cfg::kBulkStore && Cfg::kEpi == Epi::glu_forward ? kGluBulkStageBytes
-                              : Cfg::kBulkStore                                ? kBulkStageBytes
-                                                                               : kOutStageBytes));
+  return stage_of(epi + cw * (Cfg::kEpi == Epi::glu_backward ? kGluBwdStageBytes : kOutStageBytes));
 }
 
 // Work an epilogue starts with the tile's mainloop: glu_backward's first C pass.
@@ -836,9 +668,9 @@ __device__ __forceinline__ void epilogue(const KernelParams& p, const Tile& t, i
                                          const float (&acc)[Cfg::kBlockN / 2], uint8_t* epi) {
   constexpr int BN = Cfg::kBlockN;
   const Stage st = epilogue_stage<Cfg>(epi, cw);
-  if constexpr (Cfg::kEpi == Epi::store) epilogue_store<BN, Cfg::kBulkStore>(p, t, cw, ctid, acc, st);
-  else if constexpr (Cfg::kEpi == Epi::wgrad) epilogue_wgrad<BN, Cfg::kBulkStore>(p, t, cw, ctid, acc, st);
-  else if constexpr (Cfg::kEpi == Epi::glu_forward) epilogue_glu_forward<BN, Cfg::kBulkStore>(p, t, cw, ctid, acc, st);
+  if constexpr (Cfg::kEpi == Epi::store) epilogue_store<BN>(p, t, cw, ctid, acc, st);
+  else if constexpr (Cfg::kEpi == Epi::wgrad) epilogue_wgrad<BN>(p, t, cw, ctid, acc, st);
+  else if constexpr (Cfg::kEpi == Epi::glu_forward) epilogue_glu_forward<BN>(p, t, cw, ctid, acc, st);
   else epilogue_glu_backward<BN>(p, t, cw, ctid, acc, reinterpret_cast<float*>(epi + 2 * kGluBwdStageBytes), st);
 }
 

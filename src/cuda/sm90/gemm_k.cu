@@ -19,7 +19,6 @@ using Wgrad = KernelConfig<kWgradN, Major::mn, Major::mn, Grouping::k, Epi::wgra
 // (gemm_kernel.cuh Mx::blk, k-grouped), CTA pairs sharing B.
 using BlkWgrad = KernelConfig<kBlkN, Major::k, Major::k, Grouping::k, Epi::wgrad, 2, Mx::blk>;
 using SBlkWgrad = KernelConfig<kBlkN, Major::k, Major::k, Grouping::k, Epi::wgrad, 2, Mx::blk_staged>;  // staged scales
-using PBlkWgrad = KernelConfig<kBlkN, Major::k, Major::k, Grouping::k, Epi::wgrad, 2, Mx::blk_pipe>;  // two partials
 constexpr int64_t kStandIn = 256;  // bytes a tensor map over no tokens points at
 }  // namespace
 
@@ -126,11 +125,9 @@ void run_gemm_k_blk(const KGroupedGemmArgs& a, cudaStream_t stream) {
   const CUtensorMap mb = make_tensor_map_u8_sw128("b", bt, {static_cast<uint64_t>(tp), static_cast<uint64_t>(n)},
                                                   {static_cast<uint64_t>(tp)}, {kFp8Block, kBlkN / 2});
   const int64_t tiles = static_cast<int64_t>(experts) * p.m_tiles * p.n_tiles;
-  p.bulk_store = fp8_bulk_store();
   switch (fp8_mainloop()) {
     case Fp8Mainloop::staged: launch<SBlkWgrad>(p, tiles, ma, mb, mb, stream); break;
     case Fp8Mainloop::l2: launch<BlkWgrad>(p, tiles, ma, mb, mb, stream); break;
-    case Fp8Mainloop::pipe: launch<PBlkWgrad>(p, tiles, ma, mb, mb, stream); break;
   }
 }
 }  // namespace

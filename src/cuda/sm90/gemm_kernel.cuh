@@ -87,13 +87,7 @@ inline constexpr int kEwEpiBytes = kBlockM * BN * 4 + kEwWarps * 2 * BN * 4;
 //           groups issued their k-blocks in turn (named barriers, so that one promotes while the
 //           other's wgmmas run) measured the same (FC1 2.69 vs 2.73 ms, FC2 1.08 vs 1.03) and was
 //           taken out again.
-//   Mx::blk_pipe  blk_staged with two partial register tiles: k-block kb + 1's wgmmas are issued
-//           into the second before kb's are retired (wgmma wait 1), so the tensor core runs kb + 1
-//           while the consumer promotes kb, instead of idling through the wait and the promotion
-//           (ncu, session 12: the tensor pipe active 51-64% of the cycles, the top stall the wait
-//           before the promotion). Registers: accumulators and two partials, 192 of 224; the
-//           scales are read from the stage's slot at the promotion, which releases the stage.
-enum class Mx : uint8_t { none, a, ab, blk, blk_staged, blk_pipe };
+enum class Mx : uint8_t { none, a, ab, blk, blk_staged };
 template <int BN_, Major AMajor_, Major BMajor_, Grouping G_, Epi E_, int Cluster_ = 1, Mx Mx_ = Mx::none>
 struct KernelConfig {
   static constexpr int kBlockN = BN_;
@@ -102,9 +96,8 @@ struct KernelConfig {
   static constexpr Epi kEpi = E_;
   static constexpr bool kMx = Mx_ == Mx::a || Mx_ == Mx::ab;  // MXFP8 A (registers)
   static constexpr bool kMxB = Mx_ == Mx::ab;                  // MXFP8 B, converted in shared memory
-  static constexpr bool kBlk = Mx_ == Mx::blk || Mx_ == Mx::blk_staged || Mx_ == Mx::blk_pipe;  // FP8 blockwise
-  static constexpr bool kBlkStaged = Mx_ == Mx::blk_staged || Mx_ == Mx::blk_pipe;  // its scales staged in shared memory
-  static constexpr bool kBlkPipe = Mx_ == Mx::blk_pipe;  // two partial tiles in flight
+  static constexpr bool kBlk = Mx_ == Mx::blk || Mx_ == Mx::blk_staged;  // FP8 blockwise: FP8 wgmma, promotion
+  static constexpr bool kBlkStaged = Mx_ == Mx::blk_staged;             // its scales staged in shared memory
   static constexpr bool kLoaders = kMx || kBlkStaged;  // warps 1-3 of the producer warp group stage scales
   static_assert(!kBlk || (AMajor_ == Major::k && BMajor_ == Major::k && BN_ == 128 &&
                           (G_ == Grouping::m ? E_ != Epi::wgrad && E_ != Epi::glu_backward_ew : E_ == Epi::wgrad)),
@@ -129,13 +122,8 @@ struct KernelConfig {
   // The epilogue's shared memory (epilogue.cuh): a 64-row x 256-byte output stage per consumer warp
   // group; glu_backward: two such buffers per warp group and the db1 column partials;
   // glu_backward_ew: the fp32 hand-off tile (128 x BN) and the epilogue warps' db1 partials.
-  // FP8 blockwise store / wgrad / glu_forward: the stages of the asynchronous row stores (epilogue.cuh,
-  // padded rows; glu_forward: C's pass and A side by side).
-  static constexpr bool kBulkStore = kBlk && (E_ == Epi::store || E_ == Epi::wgrad || E_ == Epi::glu_forward);
   static constexpr int kEpiBytes = E_ == Epi::glu_backward      ? kGluBwdEpiBytes
                                    : E_ == Epi::glu_backward_ew ? kEwEpiBytes<BN_>
-                                   : kBulkStore && E_ == Epi::glu_forward ? 2 * (64 * (2 * kOutRowBytes - kOutRowBytes / 2 + 16))
-                                   : kBulkStore                 ? 2 * (64 * (kOutRowBytes + 16))
                                                                 : 2 * kOutStageBytes;
   static_assert(E_ != Epi::glu_backward_ew || (Mx_ == Mx::none && G_ == Grouping::m && BMajor_ == Major::mn),
                 "epilogue warps: BF16 FC2 dgrad (warps 1-3 of the producer group are the MXFP8 scale loaders)");
@@ -951,83 +939,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // loaded (global, L2) while they run, wait, release the stage, promote.
         const int wtid = ctid % 128;
         float part[BN / 2];
-        if constexpr (Cfg::kBlkPipe) {
-          if (t.live) {
-            float part2[BN / 2];
-            const int r = 64 * cw + 16 * (wtid / 32) + (wtid % 32) / 4;  // the thread's rows r, r + 8
-            // Promote x, k-block in stage s, with the scales of s's slot; then release s.
-            auto promote = [&](float (&x)[BN / 2], int s) {
-              const uint32_t sc0 = smem_addr(scl(s));
-              if constexpr (Cfg::kGrouping == Grouping::k) {  // row scales x column scales 8j + 2q, + 1
-                const float a0 = lds_f32(sc0 + 4 * r), a1 = lds_f32(sc0 + 4 * (r + 8));
-                // In chunks of 4 column pairs, each chunk's products used before the next chunk's
-                // loads (fence_operand), so that the 64 products are never live at once.
-#pragma unroll
-                for (int j0 = 0; j0 < BN / 8; j0 += 4) {
-                  float2 b[4];
-#pragma unroll
-                  for (int j = 0; j < 4; ++j) b[j] = lds_f32x2(sc0 + 4 * (kBlockM + 8 * (j0 + j) + 2 * ((wtid % 32) % 4)));
-#pragma unroll
-                  for (int j = j0; j < j0 + 4; ++j) {
-                    acc[4 * j] = fmaf(x[4 * j], a0 * b[j - j0].x, acc[4 * j]);
-                    acc[4 * j + 1] = fmaf(x[4 * j + 1], a0 * b[j - j0].y, acc[4 * j + 1]);
-                    acc[4 * j + 2] = fmaf(x[4 * j + 2], a1 * b[j - j0].x, acc[4 * j + 2]);
-                    acc[4 * j + 3] = fmaf(x[4 * j + 3], a1 * b[j - j0].y, acc[4 * j + 3]);
-                    fence_operand(acc[4 * j]), fence_operand(acc[4 * j + 1]);
-                    fence_operand(acc[4 * j + 2]), fence_operand(acc[4 * j + 3]);
-                  }
-                }
-              } else {
-                BlkScales sc;
-                sc.a[0] = lds_f32(sc0 + 4 * r);
-                sc.a[1] = lds_f32(sc0 + 4 * (r + 8));
-                sc.b[0] = lds_f32(sc0 + 4 * kBlockM);
-                sc.b[1] = lds_f32(sc0 + 4 * (kBlockM + 1));
-                blk_promote<BN>(acc, x, sc);
-              }
-              // The promotion stays before the next k-block's issue (else ptxas serializes every wgmma).
-#pragma unroll
-              for (int i = 0; i < BN / 2; ++i) fence_operand(acc[i]);
-              release(s, false);
-            };
-            // One k-block whose wgmmas (into x) are in flight: issue the next one's into y, retire x's
-            // (wait 1), promote x. The last k-block: retire (wait 0), promote.
-            auto step_more = [&](float (&x)[BN / 2], float (&y)[BN / 2]) {
-              const int s = stage;
-              if (++stage == kStages) stage = 0, phase ^= 1;
-              mbar_wait(&full[stage], phase);
-              blk_issue<Cfg>(stage_a(stage), stage_b(stage), cw, y);
-              wgmma_wait<1>();
-#pragma unroll
-              for (int i = 0; i < BN / 2; ++i) fence_operand(x[i]);
-              promote(x, s);
-            };
-            auto step_last = [&](float (&x)[BN / 2]) {
-              const int s = stage;
-              if (++stage == kStages) stage = 0, phase ^= 1;
-              blk_retire<BN>(x);
-              promote(x, s);
-            };
-            const int n = t.k_blocks;
-            if (n > 0) {
-              mbar_wait(&full[stage], phase);
-              blk_issue<Cfg>(stage_a(stage), stage_b(stage), cw, part);
-              int kb = 0;
-              for (; kb + 2 < n; kb += 2) {
-                step_more(part, part2);
-                step_more(part2, part);
-              }
-              if (kb + 1 < n) {
-                step_more(part, part2);
-                step_last(part2);
-              } else {
-                step_last(part);
-              }
-            }
-          } else {
-            drain(t.k_blocks);
-          }
-        } else if (Cfg::kGrouping == Grouping::k && t.live) {
+        if (Cfg::kGrouping == Grouping::k && t.live) {
           // wgrad: per-row and per-column scales (an outer product per k-block), loaded from L2 while
           // the k-block's wgmmas run.
           for (int kb = 0; kb < t.k_blocks; ++kb) {
@@ -1241,7 +1153,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         epilogue<Cfg>(p, t, cw, ctid, acc, epi_smem);
       }
     }
-    if constexpr (Cfg::kBulkStore) bulk_drain(ctid % 128);  // the row stores in flight are done
   }
   if constexpr (kCluster > 1) cluster_sync();  // no CTA leaves while its peer may still write to it
 #endif

@@ -19,19 +19,13 @@ using BlkGluBwd = KernelConfig<kBlkN, Major::k, Major::k, Grouping::m, Epi::glu_
 using SBlkStore = KernelConfig<kBlkN, Major::k, Major::k, Grouping::m, Epi::store, kPair, Mx::blk_staged>;
 using SBlkGluFwd = KernelConfig<kBlkN, Major::k, Major::k, Grouping::m, Epi::glu_forward, kPair, Mx::blk_staged>;
 using SBlkGluBwd = KernelConfig<kBlkN, Major::k, Major::k, Grouping::m, Epi::glu_backward, kPair, Mx::blk_staged>;
-// Staged, with two partial tiles in flight.
-using PBlkStore = KernelConfig<kBlkN, Major::k, Major::k, Grouping::m, Epi::store, kPair, Mx::blk_pipe>;
-using PBlkGluFwd = KernelConfig<kBlkN, Major::k, Major::k, Grouping::m, Epi::glu_forward, kPair, Mx::blk_pipe>;
-using PBlkGluBwd = KernelConfig<kBlkN, Major::k, Major::k, Grouping::m, Epi::glu_backward, kPair, Mx::blk_pipe>;
 
 template <class Store, class GluFwd, class GluBwd>
 void launch_epilogue(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t stream) {
-  KernelParams p = plan.params;
-  p.bulk_store = fp8_bulk_store();
   switch (s.epilogue) {
-    case detail::Epilogue::glu_forward: launch<GluFwd>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream); break;
-    case detail::Epilogue::glu_backward: launch<GluBwd>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream); break;
-    case detail::Epilogue::store: launch<Store>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream); break;
+    case detail::Epilogue::glu_forward: launch<GluFwd>(plan.params, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream); break;
+    case detail::Epilogue::glu_backward: launch<GluBwd>(plan.params, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream); break;
+    case detail::Epilogue::store: launch<Store>(plan.params, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream); break;
   }
 }
 
@@ -39,17 +33,13 @@ void launch_epilogue(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t
 
 Fp8Mainloop fp8_mainloop() {
   if (env_is("MXMOE_SM90_FP8_MAINLOOP", "l2")) return Fp8Mainloop::l2;
-  if (env_is("MXMOE_SM90_FP8_MAINLOOP", "pipe")) return Fp8Mainloop::pipe;
   return Fp8Mainloop::staged;
 }
-
-bool fp8_bulk_store() { return !env_is("MXMOE_SM90_FP8_STORE", "sync"); }
 
 void launch_gemm_m_blk(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t stream) {
   switch (fp8_mainloop()) {
     case Fp8Mainloop::staged: launch_epilogue<SBlkStore, SBlkGluFwd, SBlkGluBwd>(s, plan, stream); break;
     case Fp8Mainloop::l2: launch_epilogue<BlkStore, BlkGluFwd, BlkGluBwd>(s, plan, stream); break;
-    case Fp8Mainloop::pipe: launch_epilogue<PBlkStore, PBlkGluFwd, PBlkGluBwd>(s, plan, stream); break;
   }
 }
 

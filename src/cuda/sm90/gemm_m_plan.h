@@ -42,14 +42,9 @@ bool fp8_backward_on();
 inline constexpr int kBlkN = 128;
 // The FP8-blockwise mainloop (MXMOE_SM90_FP8_MAINLOOP, read per call): the scales staged in shared
 // memory by the producer's warps 1-3 (default, gemm_kernel.cuh Mx::blk_staged; 8-22% less time per GEMM than l2
-// on dsv3, session 10), or each consumer loading its own from L2 (`l2`, Mx::blk), or staged with two
-// partial tiles in flight (`pipe`, Mx::blk_pipe).
-enum class Fp8Mainloop { staged, l2, pipe };
+// on dsv3, session 10), or each consumer loading its own from L2 (`l2`, Mx::blk).
+enum class Fp8Mainloop { staged, l2 };
 Fp8Mainloop fp8_mainloop();
-// The FP8-blockwise store and wgrad epilogues write their rows by bulk copies (the TMA engine, while
-// the consumers go on; epilogue.cuh) where D is aligned for them; MXMOE_SM90_FP8_STORE=sync: the
-// consumers' own stores, as before session 13.
-bool fp8_bulk_store();
 void launch_gemm_m_blk(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t stream);
 
 // The k-grouped (wgrad) GEMM, likewise: tile width `bn` along N, 128 along M.

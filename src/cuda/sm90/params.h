@@ -78,7 +78,6 @@ struct KernelParams {
   ExpertPtrs d_experts;   // wgrad: D_e [m, n]
   bool d_f32 = false;
   bool accumulate = false;
-  bool bulk_store = false;  // FP8 blockwise store / wgrad: rows out by bulk copies where aligned (epilogue.cuh)
   const uint16_t* bias = nullptr;  // bf16 [E, n]
   bool bias_by_probs = false;
   const float* probs = nullptr;    // f32 [T] (nullptr: p = 1)

@@ -49,11 +49,23 @@ struct PermuteArgs {
   int64_t experts = 0;        // E >= 1
   int64_t capacity = -1;      // C: rows kept per expert; -1 keeps every row
   TensorView offsets;         // out i32 [E+1]: offsets[e+1] - offsets[e] = rows kept for expert e
-  TensorView permuted_x;      // out bf16 [R, H]: permuted_x[row_map[t, k]] = x[t]
+  TensorView permuted_x;      // out bf16 [R, H]: permuted_x[row_map[t, k]] = x[t] (optional with rowwise / colwise)
   TensorView row_map;         // out i32 [T, K]: the row of (t, k), or -1 when dropped
   TensorView permuted_probs;  // out f32 [R], given exactly when probs is: probs in row order
   TensorView invalid;         // optional out i32 [1]: number of ids outside [0, E)
   bool zero_unused_rows = false;  // also write rows offsets[E] .. R-1 of permuted_x / permuted_probs as 0
+  // Optional MXFP8 outputs (quantize fused into the permute, for the grouped MLP's mxfp8 recipe:
+  // ForwardArgs::x_row / x_col take them, and forward then runs no quantize of its own). rowwise:
+  // e4m3 [R, H] + e8m0 rowwise_scale_bytes(R, H) (H % 32 == 0); colwise: e4m3 [R, H] + e8m0
+  // colwise_scale_bytes(R, H, E), 32x1 blocks restarting at each expert's first row (the offsets
+  // this call computes, read on the device). Layouts (compact or swizzled) as the views say, format
+  // mxfp8. Bytes are those of permute_tokens followed by quantize_mxfp8 of rows 0 .. offsets[E]-1
+  // with groups = offsets: data rows offsets[E] .. R-1 are left untouched (whatever
+  // zero_unused_rows says: the grouped MLP never reads them), every scale byte that belongs to no
+  // block of a kept row is 0, as the standalone quantizer writes padding. With either given,
+  // permuted_x may be absent (no bf16 copy is written); R then comes from the quantized data.
+  Mxfp8View rowwise;
+  Mxfp8View colwise;
 };
 MXMOE_API void permute_tokens(Context& ctx, const PermuteArgs& args);
 

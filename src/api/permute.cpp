@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "mxmoe/numerics.h"
 #include "mxmoe/problem.h"
 #include "src/api/validate.h"
 #include "src/common/checked.h"
@@ -89,6 +90,34 @@ void check_probs_pair(const TensorView& probs, const std::string& probs_name, co
   check_tensor(permuted, permuted_name, DType::f32, {R}, d);
 }
 
+// The permuted rows' count R and the quantized outputs of permute_tokens: R from permuted_x, or from
+// the quantized data when permuted_x is absent (allowed only then); every given output [R, H].
+int64_t check_permute_outputs(const PermuteArgs& a, int64_t H, int64_t bound, const CallDevice& d) {
+  const bool row = a.rowwise.data.data != nullptr, col = a.colwise.data.data != nullptr;
+  const bool x_given = a.permuted_x.defined() || !(row || col);
+  const char* name = x_given ? "permuted_x" : row ? "rowwise.data" : "colwise.data";
+  const TensorView& t = x_given ? a.permuted_x : row ? a.rowwise.data : a.colwise.data;
+  const DType dtype = x_given ? DType::bf16 : DType::e4m3;
+  const auto [R, Hp] = dims2(t, name, dtype, "[R, H]", kMaxColumns);
+  if (R < bound || Hp != H)
+    throw Error(name, "shape " + detail::shape_string(t) + " must be [R, H=" + str(H) + "] with R >= " + str(bound) +
+                          " (" + (a.capacity < 0 ? "T*K" : "min(T*K, E*capacity)") + ")");
+  if (x_given) check_tensor(a.permuted_x, "permuted_x", DType::bf16, {R, H}, d);
+  if (row) {
+    if (H % kMxBlock != 0)
+      throw Error("rowwise", "row-wise MXFP8 needs H % 32 == 0, got H=" + str(H));
+    detail::check_mxfp8(a.rowwise, "rowwise", R, H, BlockAxis::row, rowwise_scale_bytes(R, H), d);
+  } else if (a.rowwise.scales.data != nullptr) {
+    throw Error("rowwise.data", "missing (no data pointer) but rowwise.scales is given");
+  }
+  if (col) {
+    detail::check_mxfp8(a.colwise, "colwise", R, H, BlockAxis::col, colwise_scale_bytes(R, H, a.experts), d);
+  } else if (a.colwise.scales.data != nullptr) {
+    throw Error("colwise.data", "missing (no data pointer) but colwise.scales is given");
+  }
+  return R;
+}
+
 }  // namespace
 
 void permute_tokens(Context& ctx, const PermuteArgs& a) {
@@ -102,23 +131,22 @@ void permute_tokens(Context& ctx, const PermuteArgs& a) {
     throw Error("capacity", "C=" + str(a.capacity) + " must be -1 (keep every row) or in [0, " + str(kMaxTokens) + "]");
   const int64_t E = a.experts;
   check_tensor(a.offsets, "offsets", DType::i32, {E + 1}, d);
-  const auto [R, Hp] = dims2(a.permuted_x, "permuted_x", DType::bf16, "[R, H]", kMaxColumns);
-  const int64_t bound = permuted_rows_bound(T, K, E, a.capacity);
-  if (R < bound || Hp != H)
-    throw Error("permuted_x", "shape " + detail::shape_string(a.permuted_x) + " must be [R, H=" + str(H) +
-                                  "] with R >= " + str(bound) + " (" +
-                                  (a.capacity < 0 ? "T*K" : "min(T*K, E*capacity)") + ")");
-  check_tensor(a.permuted_x, "permuted_x", DType::bf16, {R, H}, d);
+  const int64_t R = check_permute_outputs(a, H, permuted_rows_bound(T, K, E, a.capacity), d);
+  const bool quantized = a.rowwise.data.data != nullptr || a.colwise.data.data != nullptr;
   check_tensor(a.row_map, "row_map", DType::i32, {T, K}, d);
   check_probs_pair(a.probs, "probs", a.permuted_probs, "permuted_probs", T, K, R, d);
   if (a.invalid.defined()) check_tensor(a.invalid, "invalid", DType::i32, {1}, d);
   check_no_alias({region("offsets", a.offsets), region("permuted_x", a.permuted_x), region("row_map", a.row_map),
-                  region("permuted_probs", a.permuted_probs), region("invalid", a.invalid)},
+                  region("permuted_probs", a.permuted_probs), region("invalid", a.invalid),
+                  region("rowwise.data", a.rowwise.data), region("rowwise.scales", a.rowwise.scales),
+                  region("colwise.data", a.colwise.data), region("colwise.scales", a.colwise.scales)},
                  {region("x", a.x), region("expert_ids", a.expert_ids), region("probs", a.probs)});
 
   // Both steps' backends are picked before the first runs: a step no backend serves writes nothing.
   detail::Backend& route = detail::select(ctx, {Step::route_tokens, d.device, Recipe::bf16, H, K});
-  detail::Backend& move = detail::select(ctx, {Step::permute_rows, d.device, Recipe::bf16, H, K});
+  detail::Backend& move = quantized ? detail::select(ctx, {Step::permute_rows, d.device, Recipe::mxfp8, H, K},
+                                                     "permute_quantize_rows")
+                                    : detail::select(ctx, {Step::permute_rows, d.device, Recipe::bf16, H, K});
   const detail::RouteTokensStep r{.expert_ids = a.expert_ids,
                                   .experts = E,
                                   .capacity = a.capacity,
@@ -132,7 +160,11 @@ void permute_tokens(Context& ctx, const PermuteArgs& a) {
                            .probs = a.probs,
                            .permuted_x = a.permuted_x,
                            .permuted_probs = a.permuted_probs};
-  if (&route == &move) {
+  if (quantized) {
+    route.route_tokens(ctx, r);
+    move.permute_quantize_rows(
+        ctx, {.move = m, .groups = {a.offsets}, .rows = R, .rowwise = a.rowwise, .colwise = a.colwise});
+  } else if (&route == &move) {
     route.route_and_permute_rows(ctx, r, m);
   } else {
     route.route_tokens(ctx, r);

@@ -139,6 +139,19 @@ struct RouteTokensStep {
   TensorView zero_probs;  // f32 [R]
 };
 
+// permute_tokens with MXFP8 outputs (PermuteArgs::rowwise / colwise), dispatched as step
+// permute_rows with recipe mxfp8 (label "permute_quantize_rows"): the rows of an existing row_map,
+// quantized as quantize_mxfp8 of rows 0 .. offsets[E]-1 with groups = offsets would quantize them
+// (rows past offsets[E] untouched, every other scale byte 0). move.permuted_x is optional (the bf16
+// copy); move.permuted_probs as permute_rows writes it.
+struct PermuteQuantizeStep {
+  PermuteByMapArgs move;  // x, row_map, probs, optional permuted_x and permuted_probs
+  GroupOffsets groups;    // the routing's offsets [E+1], on the data's device
+  int64_t rows = 0;       // R
+  Mxfp8View rowwise;      // optional e4m3 [R, H] + e8m0 rowwise_scale_bytes(R, H)
+  Mxfp8View colwise;      // optional e4m3 [R, H] + e8m0 colwise_scale_bytes(R, H, E)
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -163,6 +176,12 @@ class Backend {
     permute_rows(ctx, a);
   }
   virtual void unpermute_rows(Context& ctx, const UnpermuteArgs& a) = 0;
+  // The default is the unfused sequence on this backend's own steps (registry.cpp): permute_rows
+  // into move.permuted_x (or library scratch of R x H bf16), then quantize of the kept rows (host
+  // data: rows 0 .. offsets[E]-1, offsets read on the host; device data: all R rows with the
+  // groups, which leaves rows past offsets[E] untouched when colwise is given). The CPU reference
+  // uses it as it is; cuda_portable fuses the gather into its quantize kernel.
+  virtual void permute_quantize_rows(Context& ctx, const PermuteQuantizeStep& s);
 };
 
 // Registry: backends in preference order (fastest first; cpu last).

@@ -24,6 +24,7 @@ class RefusingBackend : public Backend {
   void route_tokens(Context&, const RouteTokensStep&) override { refuse(Step::route_tokens); }
   void permute_rows(Context&, const PermuteByMapArgs&) override { refuse(Step::permute_rows); }
   void unpermute_rows(Context&, const UnpermuteArgs&) override { refuse(Step::unpermute_rows); }
+  void permute_quantize_rows(Context&, const PermuteQuantizeStep&) override { refuse(Step::permute_rows); }
 
  private:
   [[noreturn]] void refuse(Step s) const {

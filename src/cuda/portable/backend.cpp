@@ -2,6 +2,7 @@
 // folder, quantizers in src/cuda/quant/, token permute / unpermute in permute.cu).
 #include "src/cuda/common/device_facts.h"
 #include "src/cuda/cuda_ops.h"
+#include "src/cuda/permute_quantize.h"
 
 namespace mxmoe {
 namespace cuda::portable {
@@ -46,6 +47,10 @@ class CudaPortableBackend final : public detail::Backend {
     portable::route_and_permute_rows(s, a, c.options().stream);
   }
   void unpermute_rows(Context& c, const UnpermuteArgs& a) override { portable::unpermute_rows(a, c.options().stream); }
+  // permute_tokens with MXFP8 outputs: the gather fused into the one-pass quantizer.
+  void permute_quantize_rows(Context& c, const detail::PermuteQuantizeStep& s) override {
+    cuda::permute_quantize_rows(s, c.options().stream);
+  }
 };
 
 }  // namespace

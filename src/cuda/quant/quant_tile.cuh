@@ -106,6 +106,17 @@ __device__ __forceinline__ void load_bf16x8(const uint16_t* p, int64_t col, int6
   }
 }
 
+// The 4 packed words of load_bf16x8 back to p[0..7] (columns >= k are not written).
+__device__ __forceinline__ void store_bf16x8(uint16_t* p, int64_t col, int64_t k, bool vec, const uint32_t (&w)[4]) {
+  if (vec) {
+    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+    return;
+  }
+  for (int i = 0; i < kVec; ++i) {
+    if (col + i < k) p[i] = static_cast<uint16_t>(i % 2 == 0 ? w[i / 2] & 0xffffu : w[i / 2] >> 16);
+  }
+}
+
 __device__ __forceinline__ void store_u8x8(uint8_t* p, int64_t col, int64_t k, bool vec, uint2 q) {
   if (vec) {
     *reinterpret_cast<uint2*>(p) = q;

@@ -31,6 +31,11 @@ struct QuantizeParams {
   int64_t data_stride = 0;       // elements between matrices in the outputs
   int64_t row_scale_stride = 0;  // scale bytes between matrices
   int64_t col_scale_stride = 0;
+  // Optional gather (the fused permute, permute_quantize.cu; one matrix): row r of the matrix is
+  // row src_rows[r] of src, a negative entry reading as zeros; `copy` (bf16 [rows, cols]) receives
+  // the rows as read.
+  const int32_t* src_rows = nullptr;
+  uint16_t* copy = nullptr;
 };
 
 template <bool kRow, bool kCol>
@@ -57,16 +62,20 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const QuantizeParams
   bool vec = k % kVec == 0 && aligned(src, 16);
   if constexpr (kRow) vec = vec && aligned(p.row_data, 8);
   if constexpr (kCol) vec = vec && aligned(p.col_data, 8);
+  if (p.copy != nullptr) vec = vec && aligned(p.copy, 16);
 
   uint32_t w[kRowsPerThread][4];  // (thread row, packed bf16 pair)
 #pragma unroll
   for (int i = 0; i < kRowsPerThread; ++i) {
     const int r = rg + i * kRowGroups;
-    if (r < n_rows && col_ok) {
-      load_bf16x8(src + (tile.row_begin + r) * k + col, col, k, vec, w[i]);
+    const int64_t row = tile.row_begin + r;
+    const int64_t from = r < n_rows && p.src_rows != nullptr ? p.src_rows[row] : row;
+    if (r < n_rows && col_ok && from >= 0) {
+      load_bf16x8(src + from * k + col, col, k, vec, w[i]);
     } else {
       w[i][0] = w[i][1] = w[i][2] = w[i][3] = 0u;  // absent rows/columns are neutral for amax
     }
+    if (p.copy != nullptr && r < n_rows && col_ok) store_bf16x8(p.copy + row * k + col, col, k, vec, w[i]);
   }
 
   if constexpr (kRow) {

@@ -57,6 +57,9 @@ struct RunConfig {
   // backward at another run's C (the GPU's), so that both backwards evaluate the GLU derivative,
   // and its clamp masks, at the same points (docs/numerics.md "Activation precision").
   const HostTensor* saved_c = nullptr;
+  // mxfp8: X quantized beforehand by quantize_mxfp8 (row-wise and grouped column-wise, the
+  // context's scale layout) and passed as ForwardArgs::x_row / x_col, with x left empty.
+  bool prequantize_x = false;
 };
 
 // Memory on one device for the runner: host vectors or cudaMalloc.
@@ -140,6 +143,14 @@ inline LayerOutputs run_layer(Context& ctx, Device device, const LayerData& d, c
   if (p.fc2_bias) fa.b2 = m.put(d.b2);
   fa.y = m.poisoned(DType::bf16, {T, H});
   fa.prepared = cfg.prepared;
+  if (cfg.prequantize_x) {
+    const ScaleLayout l = ctx.options().scale_layout;
+    fa.x_row = {m.poisoned(DType::e4m3, {T, H}), m.poisoned(DType::e8m0, {rowwise_scale_bytes(T, H)}), BlockAxis::row, l};
+    fa.x_col = {m.poisoned(DType::e4m3, {T, H}), m.poisoned(DType::e8m0, {colwise_scale_bytes(T, H, E)}),
+                BlockAxis::col, l};
+    quantize_mxfp8(ctx, {.src = fa.x, .groups = fa.offsets, .rowwise = fa.x_row, .colwise = fa.x_col});
+    fa.x = {};
+  }
   ctx.clear_report();
   SavedState saved = forward(ctx, p, fa);
   LayerOutputs out;

@@ -20,7 +20,7 @@ namespace mxmoe {
 class PreparedWeights;
 
 struct ForwardArgs {
-  TensorView x;          // bf16 [T, H]
+  TensorView x;          // bf16 [T, H] (may be empty when x_row / x_col are given)
   GroupOffsets offsets;  // i32 [E+1]
   TensorView probs;      // f32 [T]
   ExpertMatrices w1;     // bf16 [E, 2F, H]
@@ -31,6 +31,16 @@ struct ForwardArgs {
   // Optional: the weights quantized once by prepare_weights() from these w1 and w2; forward then
   // reads them instead of quantizing w1 and w2 itself. Must outlive the call.
   const PreparedWeights* prepared = nullptr;
+  // Optional, recipe mxfp8: X already quantized, as permute_tokens writes it with
+  // PermuteArgs::rowwise / colwise (or quantize_mxfp8(x, groups = offsets)): x_row row-wise
+  // [T, H] (FC1's operand), x_col column-wise [T, H] with blocks restarting at each group (kept for
+  // the FC1 weight gradient, referenced like x: alive and unchanged until backward / compute_wgrad).
+  // Both or neither, scale layout = Options::scale_layout. Given, forward runs no quantize_x step
+  // and x may be empty (the mxfp8 backward reads X only through x_col); with StateBuffers,
+  // saved.x_col must be x_col itself (forward writes nothing there). Results are bit-identical to
+  // passing the bf16 x those bytes were quantized from.
+  Mxfp8View x_row;
+  Mxfp8View x_col;
 };
 
 // Weight- and bias-gradient outputs. dtype f32: D = grad + (accumulate ? D : 0) (main-grad

@@ -73,7 +73,7 @@ WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, 
 // ---- Memory: estimated before the first allocation, failures reported with the estimate ----
 
 // The library memory forward_impl allocates below (same sizes as layer_state.h's make_* functions).
-int64_t forward_memory(const Problem& p, int64_t T, bool into, bool prepared) {
+int64_t forward_memory(const Problem& p, int64_t T, bool into, bool prepared, bool prequantized) {
   const int64_t E = p.experts, H = p.hidden, F = p.ffn;
   const char* what = "memory";
   const QuantSpec q = quant_spec(p, ScaleLayout::compact);  // the layout does not change the bytes
@@ -81,8 +81,10 @@ int64_t forward_memory(const Problem& p, int64_t T, bool into, bool prepared) {
   auto add = [&](int64_t b) { n = checked_add(n, b, what); };
   if (!into) add(tensor_bytes(DType::bf16, {T, 2 * F}, what));  // c
   if (p.recipe != Recipe::bf16) {
-    add(quant_bytes(q, T, H, BlockAxis::row, E, what));               // x_row
-    if (!into) add(quant_bytes(q, T, H, BlockAxis::col, E, what));    // x_col
+    if (!prequantized) {
+      add(quant_bytes(q, T, H, BlockAxis::row, E, what));             // x_row
+      if (!into) add(quant_bytes(q, T, H, BlockAxis::col, E, what));  // x_col
+    }
     if (!prepared) {
       add(expert_quant_bytes(q, E, 2 * F, H, BlockAxis::row, what));  // w1q
       add(expert_quant_bytes(q, E, H, F, BlockAxis::row, what));      // w2q
@@ -138,18 +140,20 @@ auto with_memory_estimate(const std::string& what, int64_t need, Fn&& f) {
 
 SavedState forward_impl(Context& ctx, const Problem& p, const ForwardArgs& a, const StateBuffers* into) {
   validate_forward(p, a, into, ctx.options().scale_layout);
-  const std::string what = call_name("forward", p, a.x.shape[0]);
-  const int64_t need = forward_memory(p, a.x.shape[0], into != nullptr, a.prepared != nullptr);
-  check_capacity(a.x.device, need, ctx.options().allocator, what);
+  const int64_t T = forward_tokens(a);
+  const std::string what = call_name("forward", p, T);
+  const int64_t need = forward_memory(p, T, into != nullptr, a.prepared != nullptr, forward_prequantized(a));
+  check_capacity(forward_device(a), need, ctx.options().allocator, what);
   return with_memory_estimate(what, need, [&] { return forward_run(ctx, p, a, into); });
 }
 
 SavedState forward_run(Context& ctx, const Problem& p, const ForwardArgs& a, const StateBuffers* into) {
   const Options& o = ctx.options();
-  const Device d = a.x.device;
+  const Device d = forward_device(a);
   const ScaleLayout layout = o.scale_layout;
-  const int64_t E = p.experts, H = p.hidden, F = p.ffn, T = a.x.shape[0];
+  const int64_t E = p.experts, H = p.hidden, F = p.ffn, T = forward_tokens(a);
   const bool mx = p.recipe != Recipe::bf16;  // a quantized recipe: mxfp8 or fp8_blockwise
+  const bool pre = forward_prequantized(a);  // X given quantized (ForwardArgs::x_row / x_col)
   const QuantSpec q = quant_spec(p, layout);
   auto s = new_saved(p, a, T, d);
 
@@ -160,15 +164,17 @@ SavedState forward_run(Context& ctx, const Problem& p, const ForwardArgs& a, con
                    .c = s->c.view};
   Fc2FpropArgs fc2{.w2 = bf16_operand(a.w2), .offsets = a.offsets, .b2 = a.b2, .probs = a.probs, .y = a.y};
   if (mx) {
-    x_row = make_quant(o, d, q, T, H, BlockAxis::row, E);
-    s->x_col = into ? borrowed(into->x_col) : make_quant(o, d, q, T, H, BlockAxis::col, E);
+    if (!pre) x_row = make_quant(o, d, q, T, H, BlockAxis::row, E);
+    s->x_col = pre    ? borrowed(a.x_col)
+               : into ? borrowed(into->x_col)
+                      : make_quant(o, d, q, T, H, BlockAxis::col, E);
     if (!a.prepared) {
       w1q = make_expert_quant(o, d, q, E, 2 * F, H, BlockAxis::row);
       w2q = make_expert_quant(o, d, q, E, H, F, BlockAxis::row);
     }
     a_row = make_quant(o, d, q, T, F, BlockAxis::row, E);
     s->a_col = into ? borrowed(into->a_col) : make_quant(o, d, q, T, F, BlockAxis::col, E);
-    fc1.x = mx_op(x_row.view);
+    fc1.x = mx_op(pre ? a.x_row : x_row.view);
     fc1.w1 = a.prepared ? a.prepared->impl().w1_row.operand : w1q.operand;
     fc1.a = {.row = a_row.view, .col = s->a_col.view};
     fc2.a = mx_op(a_row.view);
@@ -181,7 +187,7 @@ SavedState forward_run(Context& ctx, const Problem& p, const ForwardArgs& a, con
 
   std::vector<LayerStep> steps;
   const bool quantize_weights = mx && !a.prepared;
-  if (mx) steps.push_back(quantize_x({a.x, a.offsets, x_row.view, s->x_col.view, q.pow2_scales}));
+  if (mx && !pre) steps.push_back(quantize_x({a.x, a.offsets, x_row.view, s->x_col.view, q.pow2_scales}));
   if (quantize_weights) steps.push_back(quantize_w1(w1q.quantize_from(a.w1)));
   steps.push_back(fc1_fprop(p, fc1));
   if (quantize_weights) steps.push_back(quantize_w2(w2q.quantize_from(a.w2)));

@@ -210,25 +210,81 @@ void add_deferred_buffer_devices(std::vector<NamedDevice>& out, const Problem& p
 
 }  // namespace
 
+namespace {
+
+bool has_prequantized_x(const ForwardArgs& a) {
+  return a.x_row.data.data != nullptr || a.x_col.data.data != nullptr || a.x_row.scales.data != nullptr ||
+         a.x_col.scales.data != nullptr;
+}
+
+// The tensor a forward takes T and the device from: x, or x_row.data when x is absent and X comes
+// pre-quantized.
+std::pair<const TensorView*, const char*> forward_rows_source(const ForwardArgs& a) {
+  if (has_prequantized_x(a) && !a.x.defined() && a.x_row.data.defined()) return {&a.x_row.data, "x_row.data"};
+  return {&a.x, "x"};
+}
+
+// ForwardArgs::x_row / x_col: MXFP8 of [T, H], recipe mxfp8 only, both given, the context's layout.
+void check_prequantized_x(const Problem& p, const ForwardArgs& a, int64_t T, ScaleLayout layout,
+                          const StateBuffers* into, const CallDevice& d) {
+  if (p.recipe != Recipe::mxfp8)
+    throw Error(a.x_row.data.data ? "x_row" : "x_col",
+                std::string("pre-quantized X is MXFP8; problem.recipe is ") + to_string(p.recipe) +
+                    " (give x in bf16)");
+  const bool row = a.x_row.data.data != nullptr, col = a.x_col.data.data != nullptr;
+  if (row != col)
+    throw Error(row ? "x_col.data" : "x_row.data",
+                std::string("missing (no data pointer) but ") + (row ? "x_row" : "x_col") +
+                    " is given; the two come together");
+  check_mxfp8(a.x_row, "x_row", T, p.hidden, BlockAxis::row, rowwise_scale_bytes(T, p.hidden), d);
+  if (a.x_row.layout != layout)
+    throw Error("x_row.layout", "must be the context's scale layout (Options::scale_layout)");
+  check_mxfp8(a.x_col, "x_col", T, p.hidden, BlockAxis::col, colwise_scale_bytes(T, p.hidden, p.experts), d);
+  if (a.x_col.layout != layout)
+    throw Error("x_col.layout", "must be the context's scale layout (Options::scale_layout)");
+  if (into && (into->x_col.data.data != a.x_col.data.data || into->x_col.scales.data != a.x_col.scales.data))
+    throw Error("saved.x_col", "must be x_col itself when X comes pre-quantized (forward writes nothing there)");
+}
+
+}  // namespace
+
+int64_t forward_tokens(const ForwardArgs& a) { return forward_rows_source(a).first->shape[0]; }
+Device forward_device(const ForwardArgs& a) { return forward_rows_source(a).first->device; }
+bool forward_prequantized(const ForwardArgs& a) { return has_prequantized_x(a); }
+
 void validate_forward(const Problem& p, const ForwardArgs& a, const StateBuffers* into, ScaleLayout layout) {
   validate_problem(p);  // first: a bad problem is reported before what it makes of x's shape
-  const int64_t T = tokens_of(a.x, "x", p.hidden);
+  const bool pre = has_prequantized_x(a);
+  const auto [rows, rows_name] = forward_rows_source(a);
+  const int64_t T = tokens_of(*rows, rows_name, p.hidden);
   std::vector<NamedDevice> devices;
   add_input_devices(devices, a);
+  if (pre) {
+    add_mxfp8_devices(devices, "x_row", a.x_row);
+    add_mxfp8_devices(devices, "x_col", a.x_col);
+  }
   add_device(devices, "y", a.y);
   if (into) add_saved_buffer_devices(devices, p, *into);
   check_one_device(devices, false);
-  const CallDevice d{a.x.device, "x"};
-  validate_inputs(p, a, T, d, true);
+  const CallDevice d{rows->device, rows_name};
+  validate_inputs(p, a, T, d, !pre);
+  if (pre) check_prequantized_x(p, a, T, layout, into, d);
   check_tensor(a.y, "y", DType::bf16, {T, p.hidden}, d);
   std::vector<Region> outs = {region("y", a.y)};
   if (into) {
     check_saved_buffers(p, *into, T, layout, d);
-    for (const Region& r : saved_buffer_regions(*into)) outs.push_back(r);
+    for (const Region& r : saved_buffer_regions(*into))
+      if (!pre || r.name.rfind("saved.x_col", 0) != 0) outs.push_back(r);  // pre: x_col is an input
   }
-  check_no_alias(outs, input_regions(a));
-  check_prepared(a.prepared, p, a.x.device, layout);
+  std::vector<Region> ins = input_regions(a);
+  if (pre) {
+    add_regions(ins, "x_row", a.x_row);
+    add_regions(ins, "x_col", a.x_col);
+  }
+  check_no_alias(outs, ins);
+  check_prepared(a.prepared, p, d.device, layout);
 }
+
 
 int64_t validate_restore_saved(const Problem& p, const ForwardArgs& inputs, const StateBuffers& saved) {
   validate_problem(p);

@@ -10,6 +10,11 @@ namespace mxmoe::detail {
 
 // forward(): the problem, every input, y, and `into` (caller-owned saved buffers) when given.
 void validate_forward(const Problem& p, const ForwardArgs& a, const StateBuffers* into, ScaleLayout layout);
+// A forward's T, device, and whether X comes pre-quantized (ForwardArgs::x_row / x_col): from x,
+// or from x_row when x is absent and X is pre-quantized (valid once validate_forward passed).
+int64_t forward_tokens(const ForwardArgs& a);
+Device forward_device(const ForwardArgs& a);
+bool forward_prequantized(const ForwardArgs& a);
 // restore_saved_state(): returns T.
 int64_t validate_restore_saved(const Problem& p, const ForwardArgs& inputs, const StateBuffers& saved);
 // backward(): the saved state, dy, every output, and `into` (deferred-wgrad buffers) when given.

@@ -1,6 +1,7 @@
 // Device-side steps shared by the CUDA backends. Every function enqueues on `stream`, never
 // synchronises the host and never reads group offsets on the host.
 #pragma once
+#include "src/cuda/common/mx_out.h"
 #include "src/cuda/common/workspace.h"
 #include "src/dispatch/backend.h"
 
@@ -25,6 +26,10 @@ bool has_quantized_outputs(const detail::MGemmStep& s);
 int64_t staged_output_bytes(const detail::MGemmStep& s);
 detail::MGemmStep with_bf16_output(detail::MGemmStep s, Workspace& ws);
 void quantize_outputs(const detail::MGemmStep& s, const TensorView& bf16, void* stream);
+// The MXFP8 outputs of a step for a kernel whose epilogue quantizes them itself
+// (src/cuda/common/mx_tile_quant.cuh): their pointers and layouts, with every scale byte cleared on
+// `stream` first (the kernel writes the scales of real blocks only; padding must read 0).
+MxOut fused_mx_outputs(const detail::MGemmStep& s, void* stream);
 
 // src/cuda/quant/fp8_block.cu: FP8 blockwise (recipe fp8_blockwise). quantize and quantize_experts
 // above hand fp8_block outputs to the first two. The GEMM steps on fp8_block operands dequantize them

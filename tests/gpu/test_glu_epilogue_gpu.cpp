@@ -229,6 +229,91 @@ void expect_glu_backward_ok(detail::Backend& backend, const GluCase& c, const Bw
     EXPECT_TRUE(bytes_equal(gdc.view, dc2.download().view));
   }
 }
+
+// The MXFP8 bytes the CPU quantizer makes of a bf16 [T, cols] output (column blocks restarting at
+// each group), scale padding 0.
+struct HostMx {
+  HostTensor rd, rs, cd, cs;
+};
+HostMx cpu_quantized(const HostTensor& bf16, const HostTensor& offsets, int64_t experts, ScaleLayout l) {
+  const int64_t t = bf16.view.shape[0], cols = bf16.view.shape[1];
+  HostMx m{HostTensor(DType::e4m3, {t, cols}), HostTensor(DType::e8m0, {rowwise_scale_bytes(t, cols)}),
+           HostTensor(DType::e4m3, {t, cols}), HostTensor(DType::e8m0, {colwise_scale_bytes(t, cols, experts)})};
+  QuantizeArgs q;
+  q.src = bf16.view;
+  q.groups.offsets = offsets.view;
+  q.rowwise = {m.rd.view, m.rs.view, BlockAxis::row, l};
+  q.colwise = {m.cd.view, m.cs.view, BlockAxis::col, l};
+  cpu::quantize(q);
+  return m;
+}
+
+void expect_mx_bytes(const MxOutDual& got, const HostMx& want, const char* what) {
+  EXPECT_TRUE(bytes_equal(got.row_data.download().view, want.rd.view)) << what << ": row-wise data";
+  EXPECT_TRUE(bytes_equal(got.row_scales.download().view, want.rs.view)) << what << ": row-wise scales";
+  EXPECT_TRUE(bytes_equal(got.col_data.download().view, want.cd.view)) << what << ": column-wise data";
+  EXPECT_TRUE(bytes_equal(got.col_scales.download().view, want.cs.view)) << what << ": column-wise scales";
+}
+
+// docs/numerics.md "Quantized value": a GLU step's MXFP8 output (A or dC) is the quantization of the
+// bf16 values the same step writes. Three device runs of one step: bf16 and MXFP8 outputs together
+// (their MXFP8 bytes must equal the CPU quantizer applied to that bf16 output), MXFP8 only (cuda_sm90:
+// the fused quantizing epilogue, nothing bf16 written), and MXFP8 only with
+// MXMOE_SM90_MX_EPILOGUE=unfused (bf16 to a transient buffer, then the quantizer): all bit-identical.
+template <class MakeStep>
+void expect_quantized_output_exact(detail::Backend& backend, const Inputs& in, int64_t cols, ScaleLayout l,
+                                   MakeStep make_step) {
+  const int64_t t = in.t, e = in.experts;
+  Dual both_bf16 = poisoned(DType::bf16, {t, cols});
+  MxOutDual both(t, cols, e), fused(t, cols, e), unfused(t, cols, e);
+  const detail::LayerStep first = make_step(glu_output(true, true, l, both_bf16, both));
+  MXMOE_SKIP_UNLESS_SERVED(backend, probe_step(backend, first));
+  Context ctx;
+  detail::LayerStep with_bf16 = first;
+  std::get<MGemmStep>(with_bf16.args).out_bf16 = both_bf16.dv();
+  detail::run(ctx, backend, with_bf16);
+  detail::run(ctx, backend, make_step(glu_output(true, true, l, both_bf16, fused)));
+  {
+    const EnvOverride unfused_switch("MXMOE_SM90_MX_EPILOGUE", "unfused");
+    detail::run(ctx, backend, make_step(glu_output(true, true, l, both_bf16, unfused)));
+  }
+  sync();
+  const HostTensor bf16 = both_bf16.download();
+  const HostMx want = cpu_quantized(bf16, in.offsets_h, e, l);
+  expect_mx_bytes(both, want, "bf16 and MXFP8 outputs together");
+  expect_mx_bytes(fused, want, "MXFP8 output only");
+  expect_mx_bytes(unfused, want, "MXFP8 output only, MXMOE_SM90_MX_EPILOGUE=unfused");
+}
+
+void expect_glu_forward_quantized_exact(detail::Backend& backend, const GluCase& c) {
+  const Inputs in(c.sizes);
+  const int64_t t = in.t, e = in.experts, f = c.f;
+  const Act x(random_bf16({t, c.h}), true, BlockAxis::row, c.scale_layout, in.offsets_h);
+  const ExpertWeights w(e, 2 * f, c.h, true, BlockAxis::row, c.scale_layout);
+  const Dual b1 = random_bf16_dual({e, 2 * f}, -0.5f, 0.5f), probs = random_f32_dual({t}, 0.f, 1.f);
+  Dual cmat = poisoned(DType::bf16, {t, 2 * f});
+  const Problem problem = problem_of(c, e);
+  expect_quantized_output_exact(backend, in, f, c.scale_layout, [&](const detail::GluOutput& out) {
+    return detail::fc1_fprop(problem, {.x = x.dev(), .w1 = w.dev(false), .offsets = {in.offsets.dv()},
+                                       .b1 = b1.dv(), .probs = probs.dv(), .c = cmat.dv(), .a = out});
+  });
+}
+
+void expect_glu_backward_quantized_exact(detail::Backend& backend, const GluCase& c) {
+  const Inputs in(c.sizes);
+  const int64_t t = in.t, e = in.experts, f = c.f;
+  const Act dy(random_bf16({t, c.h}), true, BlockAxis::row, c.scale_layout, in.offsets_h);
+  const ExpertWeights w(e, c.h, f, true, BlockAxis::col, c.scale_layout);
+  const Dual cmat = random_bf16_dual({t, 2 * f}, -10.f, 10.f), probs = random_f32_dual({t}, 0.f, 1.f);
+  Dual db1 = poisoned(DType::f32, {e, 2 * f}), dp = poisoned(DType::f32, {t});
+  Problem problem = problem_of(c, e);
+  problem.fc1_bias = true;
+  expect_quantized_output_exact(backend, in, 2 * f, c.scale_layout, [&](const detail::GluOutput& out) {
+    return detail::fc2_dgrad(problem, {.dy = dy.dev(), .w2 = w.dev(false), .offsets = {in.offsets.dv()},
+                                       .probs = probs.dv(), .c = cmat.dv(), .dprobs = dp.dv(), .db1 = {db1.dv(), false},
+                                       .dc = out});
+  });
+}
 #endif
 
 class GpuGluForward : public test::GpuBackendTest {};
@@ -266,6 +351,38 @@ TEST_P(GpuGluForward, QuantizesInEpilogueWithSwizzledScalesOddDimsAndSkew) {
   expect_glu_forward_ok(backend(), GluCase{.sizes = {41, 0, 129, 300}, .h = 320, .f = 1440,
                                            .act = Activation::clamped_swiglu, .layout = GluLayout::interleave32});
   expect_glu_forward_ok(backend(), GluCase{.sizes = {200, 77, 0, 5}, .h = 192, .f = 1400});
+#endif
+}
+
+// Shapes with rows past 32-row blocks inside 128-row tiles, groups ending inside a tile, several
+// tiles along F, a last tile past F, empty groups; both GLU layouts and scale layouts.
+TEST_P(GpuGluForward, QuantizedOutputIsTheQuantizationOfItsBf16) {
+#if defined(MXMOE_WITH_CUDA)
+  for (GluLayout layout : {GluLayout::halves, GluLayout::interleave32})
+    for (ScaleLayout sl : {ScaleLayout::compact, ScaleLayout::swizzled}) {
+      SCOPED_TRACE(testing::Message() << "layout=" << static_cast<int>(layout) << " scales=" << static_cast<int>(sl));
+      expect_glu_forward_quantized_exact(backend(), GluCase{.sizes = {37, 0, 161, 300, 1}, .h = 192, .f = 416,
+                                                            .act = Activation::clamped_swiglu, .layout = layout,
+                                                            .scale_layout = sl});
+      expect_glu_forward_quantized_exact(backend(), GluCase{.sizes = {128, 64, 95}, .h = 64, .f = 96, .layout = layout,
+                                                            .scale_layout = sl});
+    }
+  expect_glu_forward_quantized_exact(backend(), GluCase{.sizes = {0, 0}, .h = 64, .f = 64});
+#endif
+}
+
+TEST_P(GpuGluBackward, QuantizedOutputIsTheQuantizationOfItsBf16) {
+#if defined(MXMOE_WITH_CUDA)
+  for (GluLayout layout : {GluLayout::halves, GluLayout::interleave32})
+    for (ScaleLayout sl : {ScaleLayout::compact, ScaleLayout::swizzled}) {
+      SCOPED_TRACE(testing::Message() << "layout=" << static_cast<int>(layout) << " scales=" << static_cast<int>(sl));
+      expect_glu_backward_quantized_exact(backend(), GluCase{.sizes = {37, 0, 161, 300, 1}, .h = 192, .f = 416,
+                                                             .act = Activation::clamped_swiglu, .layout = layout,
+                                                             .scale_layout = sl});
+      expect_glu_backward_quantized_exact(backend(), GluCase{.sizes = {128, 64, 95}, .h = 64, .f = 320,
+                                                             .layout = layout, .scale_layout = sl});
+    }
+  expect_glu_backward_quantized_exact(backend(), GluCase{.sizes = {0, 0}, .h = 64, .f = 64});
 #endif
 }
 

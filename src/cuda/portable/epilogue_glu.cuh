@@ -14,7 +14,6 @@
 //   Both partials are reduced in a fixed order (shuffles, then warps by index): deterministic.
 #pragma once
 #include "src/cuda/portable/mainloop.cuh"
-#include "src/cuda/portable/mx_tile_quant.cuh"
 
 namespace mxmoe::cuda::portable {
 
@@ -34,14 +33,7 @@ __device__ __forceinline__ int64_t glu_forward_b_row(int j, int64_t f0, int64_t 
 }
 
 __device__ __forceinline__ MxTileTarget mx_target(int64_t ld, int64_t row0, int64_t row_end, const GroupInfo& g) {
-  MxTileTarget t;
-  t.ld = ld;
-  t.row0 = row0;
-  t.valid_rows = static_cast<int>(row_end - row0);
-  t.group_block0 = (row0 - g.begin) / kMxBlock;
-  t.col_chunk = g.col_chunk;
-  t.group_rows = g.end - g.begin;
-  return t;
+  return mx_tile_target(ld, row0, row_end, g.begin, g.end, g.col_chunk);
 }
 
 __device__ __forceinline__ void epilogue_glu_forward(const Accum& acc, const MGemmParams& p, uint8_t* smem,
@@ -84,8 +76,9 @@ __device__ __forceinline__ void epilogue_glu_forward(const Accum& acc, const MGe
     }
   if (!mx) return;
   __syncthreads();
-  quantize_staged_tile<kTileMN, kGluFwdFeatures, kGluFwdPitch>(
-      stage, p.out_mx, mx_target(F, row0, row_end, g), [&](int c) -> int64_t { return f0 + c < F ? f0 + c : -1; });
+  quantize_staged_tile<kTileMN, kGluFwdFeatures>(
+      PitchedTile<kGluFwdPitch>{stage}, p.out_mx, mx_target(F, row0, row_end, g),
+      [&](int c) -> int64_t { return f0 + c < F ? f0 + c : -1; }, threadIdx.x, blockDim.x);
 }
 
 __device__ __forceinline__ void epilogue_glu_backward(const Accum& acc, const MGemmParams& p, uint8_t* smem,
@@ -179,12 +172,12 @@ __device__ __forceinline__ void epilogue_glu_backward(const Accum& acc, const MG
   }
   if (!mx) return;
   const MxTileTarget target = mx_target(C, row0, row_end, g);
-  quantize_staged_tile<kTileMN, kTileMN, kGluBwdPitch>(stage_a, p.out_mx, target, [&](int c) -> int64_t {
-    return f0 + c < F ? glu_a_col(f0 + c, F, p.glu_layout) : -1;
-  });
-  quantize_staged_tile<kTileMN, kTileMN, kGluBwdPitch>(stage_b, p.out_mx, target, [&](int c) -> int64_t {
-    return f0 + c < F ? glu_b_col(f0 + c, F, p.glu_layout) : -1;
-  });
+  quantize_staged_tile<kTileMN, kTileMN>(
+      PitchedTile<kGluBwdPitch>{stage_a}, p.out_mx, target,
+      [&](int c) -> int64_t { return f0 + c < F ? glu_a_col(f0 + c, F, p.glu_layout) : -1; }, threadIdx.x, blockDim.x);
+  quantize_staged_tile<kTileMN, kTileMN>(
+      PitchedTile<kGluBwdPitch>{stage_b}, p.out_mx, target,
+      [&](int c) -> int64_t { return f0 + c < F ? glu_b_col(f0 + c, F, p.glu_layout) : -1; }, threadIdx.x, blockDim.x);
 }
 
 }  // namespace mxmoe::cuda::portable

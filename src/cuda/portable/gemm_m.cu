@@ -34,11 +34,6 @@ void launch_by_epilogue(Epi epi, const MGemmParams& p, cudaStream_t stream) {
   }
 }
 
-void clear_scales(const Mxfp8View& v, cudaStream_t stream) {
-  if (v.scales.data != nullptr && v.scales.bytes() > 0)
-    MXMOE_CUDA_CHECK(cudaMemsetAsync(v.scales.data, 0, static_cast<size_t>(v.scales.bytes()), stream));
-}
-
 }  // namespace
 
 void gemm_m(const detail::MGemmStep& s, void* stream_ptr) {
@@ -82,19 +77,7 @@ void gemm_m(const detail::MGemmStep& s, void* stream_ptr) {
   if (epi == Epi::glu_backward) p.c_in = s.c.ptr<const uint16_t>();
   if (epi != Epi::store) {
     p.out_bf16 = s.out_bf16.ptr<uint16_t>();
-    // Scale padding must read 0; with T = 0 the data pointer may be null while scales exist.
-    clear_scales(s.out_row, stream);
-    clear_scales(s.out_col, stream);
-    if (s.out_row.data.data != nullptr) {
-      p.out_mx.row_data = s.out_row.data.ptr<uint8_t>();
-      p.out_mx.row_scales = s.out_row.scales.ptr<uint8_t>();
-      p.out_mx.row_layout = s.out_row.layout;
-    }
-    if (s.out_col.data.data != nullptr) {
-      p.out_mx.col_data = s.out_col.data.ptr<uint8_t>();
-      p.out_mx.col_scales = s.out_col.scales.ptr<uint8_t>();
-      p.out_mx.col_layout = s.out_col.layout;
-    }
+    p.out_mx = fused_mx_outputs(s, stream);
   }
   const int64_t out_cols_per_tile = epi == Epi::glu_forward ? kGluFwdF : kBlockN;
   const int64_t out_cols = epi == Epi::store ? n : s.ffn;

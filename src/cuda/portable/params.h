@@ -7,6 +7,7 @@
 #include "src/common/experts.h"
 #include "src/common/glu.h"
 #include "src/cuda/common/group_schedule.h"
+#include "src/cuda/common/mx_tile_quant.cuh"
 
 namespace mxmoe::cuda::portable {
 
@@ -17,16 +18,6 @@ enum class Major : uint8_t { k, mn };
 // Epilogue of an m-grouped GEMM kernel (detail::Epilogue, as a compile-time choice).
 enum class Epi : uint8_t { store, glu_forward, glu_backward };
 
-// MXFP8 output of a fused epilogue: row-wise and/or column-wise (either may be absent).
-struct MxOut {
-  uint8_t* row_data = nullptr;
-  uint8_t* row_scales = nullptr;
-  uint8_t* col_data = nullptr;
-  uint8_t* col_scales = nullptr;
-  ScaleLayout row_layout = ScaleLayout::compact;
-  ScaleLayout col_layout = ScaleLayout::compact;
-  MXMOE_HD bool any() const { return row_data != nullptr || col_data != nullptr; }
-};
 
 struct MGemmParams {
   GroupSchedule sched;  // block_m = kTileMN

@@ -122,4 +122,20 @@ void quantize_outputs(const detail::MGemmStep& s, const TensorView& bf16, void* 
   quantize(q, stream);
 }
 
+MxOut fused_mx_outputs(const detail::MGemmStep& s, void* stream) {
+  MxOut o;
+  auto take = [&](const Mxfp8View& v, uint8_t*& data, uint8_t*& scales, ScaleLayout& layout) {
+    // With T = 0 the data pointer may be null while scales exist: their padding still reads 0.
+    if (v.scales.data != nullptr && v.scales.bytes() > 0)
+      MXMOE_CUDA_CHECK(cudaMemsetAsync(v.scales.data, 0, static_cast<size_t>(v.scales.bytes()), as_stream(stream)));
+    if (v.data.data == nullptr) return;
+    data = v.data.ptr<uint8_t>();
+    scales = v.scales.ptr<uint8_t>();
+    layout = v.layout;
+  };
+  take(s.out_row, o.row_data, o.row_scales, o.row_layout);
+  take(s.out_col, o.col_data, o.col_scales, o.col_layout);
+  return o;
+}
+
 }  // namespace mxmoe::cuda

@@ -13,6 +13,7 @@
 
 #include "mxmoe/numerics.h"
 #include "src/common/glu.h"
+#include "src/cuda/common/mx_tile_quant.cuh"
 
 namespace mxmoe::cuda::sm90 {
 
@@ -170,6 +171,38 @@ __device__ __forceinline__ void copy_in_finish(int cw) {
   wg_sync(cw);
 }
 
+// The warp group's stage as a tile of bf16 columns for quantize_staged_tile.
+template <int kRow>
+struct SwizzledStage {
+  Stage st;
+  __device__ uint4 chunk(int r, int c) const {
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(st + stage_off<kRow>(r, 2 * c))
+                 : "memory");
+    return v;
+  }
+  __device__ uint32_t pair(int r, int c) const { return stage_word<kRow>(st, r, 2 * c); }
+};
+
+// Fused quantizing epilogue (Mx::a kernels, docs/kernels/sm90_mxfp8.md): the bf16 values staged in
+// the warp group's 64 rows -> p.out_mx (row-wise 1x32 and column-wise 32x1 blocks; the tile's rows
+// start at a multiple of 32 from the group's first row, m-tiles being 128 rows of one group). ld: the
+// quantized matrix's columns; col_of(c): its column of stage column c, or -1. Waits for the stage to
+// be complete first and ends with the warp group's barrier (the stage may be written again).
+template <int kRow, int kCols, class ColOf>
+__device__ __forceinline__ void quantize_stage(const KernelParams& p, const Tile& t, int cw, int wtid, Stage st,
+                                               int64_t ld, ColOf col_of) {
+  wg_sync(cw);
+  const GroupInfo g = p.sched.groups[t.expert];
+  const int64_t row_first = t.row0 + 64 * cw;
+  quantize_staged_tile<64, kCols>(SwizzledStage<kRow>{st}, p.out_mx,
+                                  mx_tile_target(ld, row_first, t.row_end, g.begin, g.end, g.col_chunk), col_of, wtid,
+                                  128);
+  wg_sync(cw);
+}
+
 // D[t, n] = acc (+ bias_e[n] or p_t * bias_e[n]) for the tile's rows inside the group; passes of
 // 128 bf16 or 64 f32 columns.
 template <int BN, bool kBias, bool kF32>
@@ -300,7 +333,7 @@ struct GluPassCols {
 // instruction-cache misses (ncu: stall_no_inst was half the epilogue's samples when it was 146 KB
 // of SASS): activation and bias are template parameters (one branch per tile, not per value),
 // conversions are single instructions.
-template <int BN, Activation kAct, bool kBias>
+template <int BN, Activation kAct, bool kBias, bool kQuant>
 __device__ __forceinline__ void epilogue_glu_forward_impl(const KernelParams& p, const Tile& t, int cw, int ctid,
                                                           const float (&acc)[BN / 2], Stage st) {
   // A's pass: BN/2 features, 256 bytes of bf16 (BN 256) or the first 128 of them (BN 128, the FP8
@@ -354,19 +387,26 @@ __device__ __forceinline__ void epilogue_glu_forward_impl(const KernelParams& p,
                  pack_bf16x2(prob[h] * glu_forward<kAct>(pre(j, h, 0, false), pre(j, h, 0, true), p.glu),
                              prob[h] * glu_forward<kAct>(pre(j, h, 1, false), pre(j, h, 1, true), p.glu)));
   const int a_bytes = stage_bytes(f0, F, 2) < BN ? stage_bytes(f0, F, 2) : BN;  // BN/2 features of 2 bytes
-  copy_out(st, {reinterpret_cast<char*>(p.out_bf16 + row_first * F + f0), F * 2, rows, a_bytes}, ctid % 128, cw);
+  if (!kQuant || p.out_bf16 != nullptr)
+    copy_out(st, {reinterpret_cast<char*>(p.out_bf16 + row_first * F + f0), F * 2, rows, a_bytes}, ctid % 128, cw);
+  if constexpr (kQuant) {
+    if (p.out_mx.any())
+      quantize_stage<kOutRowBytes, BN / 2>(p, t, cw, ctid % 128, st, F,
+                                           [&](int c) -> int64_t { return f0 + c < F ? f0 + c : -1; });
+  }
 }
 
-template <int BN>
+// kQuant: the kernel may be asked for MXFP8 outputs (p.out_mx; Mx::a kernels only).
+template <int BN, bool kQuant>
 __device__ __forceinline__ void epilogue_glu_forward(const KernelParams& p, const Tile& t, int cw, int ctid,
                                                      const float (&acc)[BN / 2], Stage st) {
   constexpr Activation kSwiglu = Activation::swiglu, kClamped = Activation::clamped_swiglu;
   if (p.glu.activation == kSwiglu) {
-    if (p.bias != nullptr) epilogue_glu_forward_impl<BN, kSwiglu, true>(p, t, cw, ctid, acc, st);
-    else epilogue_glu_forward_impl<BN, kSwiglu, false>(p, t, cw, ctid, acc, st);
+    if (p.bias != nullptr) epilogue_glu_forward_impl<BN, kSwiglu, true, kQuant>(p, t, cw, ctid, acc, st);
+    else epilogue_glu_forward_impl<BN, kSwiglu, false, kQuant>(p, t, cw, ctid, acc, st);
   } else {
-    if (p.bias != nullptr) epilogue_glu_forward_impl<BN, kClamped, true>(p, t, cw, ctid, acc, st);
-    else epilogue_glu_forward_impl<BN, kClamped, false>(p, t, cw, ctid, acc, st);
+    if (p.bias != nullptr) epilogue_glu_forward_impl<BN, kClamped, true, kQuant>(p, t, cw, ctid, acc, st);
+    else epilogue_glu_forward_impl<BN, kClamped, false, kQuant>(p, t, cw, ctid, acc, st);
   }
 }
 
@@ -398,7 +438,17 @@ __device__ __forceinline__ void glu_backward_prefetch(const KernelParams& p, con
                                                  glu_backward_c_block(p, t, cw, n0 + q * kGluBwdPass), ctid % 128);
 }
 
-template <int BN, Activation kAct, bool kDb1>
+// Column of C (and dC) of stage column c of a backward pass whose first feature is fq, or -1 past F:
+// halves [a fq.. | b fq..], interleave32 [a 32 | b 32 | a 32 | b 32].
+__device__ __forceinline__ int64_t glu_pass_col(int c, int64_t fq, int64_t F, GluLayout layout) {
+  const bool halves = layout == GluLayout::halves;
+  const int64_t f = fq + (halves ? c % kGluBwdPass : 32 * (c / 64) + c % 32);
+  const bool b_half = halves ? c >= kGluBwdPass : (c % 64) >= 32;
+  if (f >= F) return -1;
+  return b_half ? glu_b_col(f, F, layout) : glu_a_col(f, F, layout);
+}
+
+template <int BN, Activation kAct, bool kDb1, bool kQuant>
 __device__ __forceinline__ void epilogue_glu_backward_impl(const KernelParams& p, const Tile& t, int cw, int ctid,
                                                            const float (&acc)[BN / 2], float* col_sums, Stage st0) {
   static_assert(BN % kGluBwdPass == 0 && BN / kGluBwdPass >= kGluBwdBufs, "whole passes, both buffers used");
@@ -463,8 +513,14 @@ __device__ __forceinline__ void epilogue_glu_backward_impl(const KernelParams& p
         }
       }
     }
-    copy_out<kRow, kGluBwdCopyUnroll>(st, glu_pass_block<kGluBwdPass>(dc_rows, fq, F, rows, p.glu_layout), ctid % 128,
-                                      cw);
+    if (!kQuant || p.out_bf16 != nullptr)
+      copy_out<kRow, kGluBwdCopyUnroll>(st, glu_pass_block<kGluBwdPass>(dc_rows, fq, F, rows, p.glu_layout),
+                                        ctid % 128, cw);
+    if constexpr (kQuant) {
+      if (p.out_mx.any())
+        quantize_stage<kRow, 2 * kGluBwdPass>(p, t, cw, ctid % 128, st, C,
+                                              [&](int c) { return glu_pass_col(c, fq, F, p.glu_layout); });
+    }
     if (q + kGluBwdBufs < kPasses)  // this buffer is free again: the saved C of pass q + 2
       copy_in_start<kRow, kGluBwdCopyUnroll>(st, glu_backward_c_block(p, t, cw, fq + kGluBwdBufs * kGluBwdPass),
                                              ctid % 128);
@@ -511,11 +567,12 @@ __device__ __forceinline__ void with_glu_backward_kind(const KernelParams& p, F&
   }
 }
 
-template <int BN>
+template <int BN, bool kQuant>
 __device__ __forceinline__ void epilogue_glu_backward(const KernelParams& p, const Tile& t, int cw, int ctid,
                                                       const float (&acc)[BN / 2], float* col_sums, Stage st) {
   with_glu_backward_kind(p, [&](auto act, auto db1) {
-    epilogue_glu_backward_impl<BN, decltype(act)::value, decltype(db1)::value>(p, t, cw, ctid, acc, col_sums, st);
+    epilogue_glu_backward_impl<BN, decltype(act)::value, decltype(db1)::value, kQuant>(p, t, cw, ctid, acc, col_sums,
+                                                                                        st);
   });
 }
 
@@ -670,8 +727,10 @@ __device__ __forceinline__ void epilogue(const KernelParams& p, const Tile& t, i
   const Stage st = epilogue_stage<Cfg>(epi, cw);
   if constexpr (Cfg::kEpi == Epi::store) epilogue_store<BN>(p, t, cw, ctid, acc, st);
   else if constexpr (Cfg::kEpi == Epi::wgrad) epilogue_wgrad<BN>(p, t, cw, ctid, acc, st);
-  else if constexpr (Cfg::kEpi == Epi::glu_forward) epilogue_glu_forward<BN>(p, t, cw, ctid, acc, st);
-  else epilogue_glu_backward<BN>(p, t, cw, ctid, acc, reinterpret_cast<float*>(epi + 2 * kGluBwdStageBytes), st);
+  else if constexpr (Cfg::kEpi == Epi::glu_forward) epilogue_glu_forward<BN, Cfg::kMx>(p, t, cw, ctid, acc, st);
+  else
+    epilogue_glu_backward<BN, Cfg::kMx>(p, t, cw, ctid, acc, reinterpret_cast<float*>(epi + 2 * kGluBwdStageBytes),
+                                        st);
 }
 
 }  // namespace mxmoe::cuda::sm90

@@ -351,8 +351,9 @@ bool epilogue_warps_take(const detail::MGemmStep& s) {
   return width % kEwN == 0 && width % kWideN != 0;
 }
 
-// Runs a step whose B is BF16 (A BF16 or MXFP8) or, with the store epilogue, MXFP8 on both sides.
-void run_gemm_m(const detail::MGemmStep& s, cudaStream_t stream) {
+// Runs a step whose B is BF16 (A BF16 or MXFP8) or, with the store epilogue, MXFP8 on both sides;
+// mx: MXFP8 outputs the Mx::a GLU epilogues quantize themselves (fused_quantizing_epilogue).
+void run_gemm_m(const detail::MGemmStep& s, cudaStream_t stream, const MxOut& mx = {}) {
   if (epilogue_warps_take(s)) {
     Workspace ws(gemm_m_workspace_bytes(s, kEwN), stream);
     const MPlan plan = plan_gemm_m(s, kEwN, ws, stream);
@@ -362,7 +363,8 @@ void run_gemm_m(const detail::MGemmStep& s, cudaStream_t stream) {
   }
   const int bn = default_block_n(s);
   Workspace ws(gemm_m_workspace_bytes(s, bn), stream);
-  const MPlan plan = plan_gemm_m(s, bn, ws, stream);
+  MPlan plan = plan_gemm_m(s, bn, ws, stream);
+  plan.params.out_mx = mx;
   const KernelParams& p = plan.params;
   const bool wide = bn == kWideN;
   if (s.gemm.a.is_mxfp8()) {
@@ -451,6 +453,18 @@ void run_gemm_m_blk(const detail::MGemmStep& s0, cudaStream_t stream) {
 }
 }  // namespace
 
+// The Mx::a GLU kernels quantize A / dC in their epilogue (MXFP8 row- and column-wise from the
+// staged bf16 tile, src/cuda/common/mx_tile_quant.cuh) where the outputs are MXFP8, F is a multiple of
+// 32 and the data 16-byte aligned; otherwise (and with MXMOE_SM90_MX_EPILOGUE=unfused, read per call
+// for comparison runs) the kernel writes bf16 and the quantizer reads it back.
+bool fused_quantizing_epilogue(const detail::MGemmStep& s) {
+  if (s.epilogue == detail::Epilogue::store || !s.gemm.a.is_mxfp8() || !has_quantized_outputs(s)) return false;
+  if (env_is("MXMOE_SM90_MX_EPILOGUE", "unfused")) return false;
+  for (const Mxfp8View* v : {&s.out_row, &s.out_col})
+    if (v->data.data != nullptr && (v->format != QuantFormat::mxfp8 || !tma_aligned(v->data.data))) return false;
+  return s.ffn % kMxBlock == 0;
+}
+
 bool fp8_b_in_kernel() {
   static const bool v = env_is("MXMOE_SM90_FP8_B", "convert");
   return v;
@@ -475,16 +489,19 @@ void gemm_m(const detail::MGemmStep& s0, void* stream_ptr) {
   const MGroupedGemmArgs& g = s0.gemm;
   const int64_t experts = g.offsets.experts();
   if (experts <= 0) return;
-  const bool mx_out = has_quantized_outputs(s0);
+  const bool fused = fused_quantizing_epilogue(s0);
+  const bool mx_out = has_quantized_outputs(s0) && !fused;
   const bool have_copy = g.b.is_mxfp8() && g.b.dequantized.dense.data != nullptr;
   const bool deq_b = g.b.is_mxfp8() && !have_copy && !(s0.epilogue == detail::Epilogue::store && fp8_b_in_kernel());
-  if (!deq_b && !mx_out && !have_copy) return run_gemm_m(s0, stream);
+  const MxOut mx = fused ? fused_mx_outputs(s0, stream) : MxOut{};
+  if (!deq_b && !mx_out && !have_copy && !fused) return run_gemm_m(s0, stream);
 
   const int64_t k = a_view(s0).shape[1], n = detail::gemm_width(s0);
   const int64_t b_rows = g.b_kn ? k : n, b_cols = g.b_kn ? n : k;
   const int64_t b_elems = experts * b_rows * b_cols;
-  Workspace tmp((deq_b ? Workspace::aligned(b_elems * 2) : 0) + staged_output_bytes(s0), stream);
   detail::MGemmStep s = s0;
+  if (fused) s.out_row = s.out_col = Mxfp8View{};
+  Workspace tmp((deq_b ? Workspace::aligned(b_elems * 2) : 0) + staged_output_bytes(s), stream);
   if (deq_b || have_copy) {
     uint16_t* wb = have_copy ? g.b.dequantized.dense.ptr<uint16_t>() : tmp.take<uint16_t>(b_elems);
     if (deq_b)
@@ -495,7 +512,7 @@ void gemm_m(const detail::MGemmStep& s0, void* stream_ptr) {
     s.gemm.b.data.dtype = DType::bf16;
   }
   s = with_bf16_output(s, tmp);
-  run_gemm_m(s, stream);
+  run_gemm_m(s, stream, mx);
   if (mx_out) quantize_outputs(s0, s.out_bf16, stream);
 }
 

@@ -7,6 +7,7 @@
 #include "src/common/experts.h"
 #include "src/common/glu.h"
 #include "src/cuda/common/group_schedule.h"
+#include "src/cuda/common/mx_out.h"
 
 namespace mxmoe::cuda::sm90 {
 
@@ -88,7 +89,8 @@ struct KernelParams {
   GluLayout glu_layout = GluLayout::halves;
   uint16_t* c_out = nullptr;       // glu_forward: bf16 [T, 2F] (optional)
   const uint16_t* c_in = nullptr;  // glu_backward: bf16 [T, 2F]
-  uint16_t* out_bf16 = nullptr;    // A [T, F] or dC [T, 2F]
+  uint16_t* out_bf16 = nullptr;    // A [T, F] or dC [T, 2F] (optional with out_mx)
+  MxOut out_mx;                    // Mx::a kernels: A or dC quantized by the epilogue (MXFP8 row / col)
   float* ws_dprob = nullptr;       // glu_backward: (n_tiles, T) row partial sums
   float* ws_db1 = nullptr;         // glu_backward: (m-tiles, 2F) column partial sums
 };

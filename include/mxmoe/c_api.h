@@ -88,6 +88,15 @@ typedef struct mxmoe_experts {
   int32_t dtype;
 } mxmoe_experts;
 
+/* An MXFP8 tensor (mxmoe/tensor.h Mxfp8View): e4m3 data [rows, cols] and e8m0 scales, laid out as
+ * mxmoe/mxfp8_layout.h says for its block axis (row-wise or, grouped, column-wise). Absent: data
+ * NULL and rank 0. */
+typedef struct mxmoe_mxfp8 {
+  mxmoe_tensor data;   /* e4m3 [rows, cols] */
+  mxmoe_tensor scales; /* e8m0 [bytes] */
+  int32_t swizzled;    /* nonzero: 128x4-swizzled scales; 0: compact */
+} mxmoe_mxfp8;
+
 typedef struct mxmoe_forward_args {
   size_t struct_size;
   mxmoe_tensor x, offsets, probs;
@@ -100,6 +109,12 @@ typedef struct mxmoe_forward_args {
    * weights quantized once by mxmoe_prepare_weights from these w1 and w2, read instead of
    * quantizing them in this call; NULL: quantize them here. */
   struct mxmoe_prepared_weights_s* prepared;
+  /* Appended (read when struct_size covers them, else absent): X already quantized, recipe MXFP8
+   * only, both or neither (ForwardArgs::x_row / x_col): row-wise [T, H] and column-wise [T, H]
+   * grouped by offsets, scales in the context's layout (swizzled_scales). Given, x may be absent;
+   * x_col must stay alive and unchanged until backward / compute_wgrad, like x. */
+  mxmoe_mxfp8 x_row;
+  mxmoe_mxfp8 x_col;
 } mxmoe_forward_args;
 
 typedef struct mxmoe_weight_grads {
@@ -199,6 +214,13 @@ typedef struct mxmoe_permute_args {
   mxmoe_tensor invalid;        /* optional out i32 [1] */
   int32_t zero_unused_rows;    /* appended: nonzero writes rows offsets[E] .. R-1 (permuted_x and
                                   permuted_probs) as zeros; absent (older struct_size): 0 */
+  /* Appended (read when struct_size covers them, else absent): MXFP8 outputs of the permuted rows
+   * (PermuteArgs::rowwise / colwise), rowwise e4m3 [R, H] with roundup(R, 128) * roundup(H / 32, 4)
+   * scale bytes, colwise e4m3 [R, H] with (ceil(R / 32) + 4 E) * roundup(H, 128), blocks restarting at
+   * each expert's first row: the bytes of permute then quantize of rows 0 .. offsets[E]-1. With
+   * either given, permuted_x may be absent. The report's step is "permute_quantize_rows". */
+  mxmoe_mxfp8 rowwise;
+  mxmoe_mxfp8 colwise;
 } mxmoe_permute_args;
 
 /* y[t] = bf16(fp32 sum over k of permuted_y[row_map[t, k]]); also permute's backward (dx, and

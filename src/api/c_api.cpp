@@ -170,6 +170,18 @@ M appended(const S& s, M S::*member, size_t offset, M fallback) {
 
 const PreparedWeights* prepared_of(mxmoe_prepared_weights p) { return p ? &p->weights : nullptr; }
 
+// An appended mxmoe_mxfp8 field as a view on `axis` (absent when struct_size does not cover it).
+template <class S>
+Mxfp8View mxfp8_of(const S& s, mxmoe_mxfp8 S::*member, size_t offset, BlockAxis axis, const std::string& name) {
+  const mxmoe_mxfp8 m = appended(s, member, offset, mxmoe_mxfp8{});
+  Mxfp8View v;
+  v.data = view(m.data, (name + ".data").c_str());
+  v.scales = view(m.scales, (name + ".scales").c_str());
+  v.axis = axis;
+  v.layout = m.swizzled ? ScaleLayout::swizzled : ScaleLayout::compact;
+  return v;
+}
+
 template <class P>
 void require(const P* p, const char* name) {
   if (!p) throw Error(name, "is NULL");
@@ -239,6 +251,8 @@ mxmoe_status mxmoe_forward(mxmoe_context ctx, const mxmoe_problem* p, const mxmo
     f.y = view(a->y, "y");
     f.prepared = prepared_of(
         appended(*a, &mxmoe_forward_args::prepared, offsetof(mxmoe_forward_args, prepared), mxmoe_prepared_weights{}));
+    f.x_row = mxfp8_of(*a, &mxmoe_forward_args::x_row, offsetof(mxmoe_forward_args, x_row), BlockAxis::row, "x_row");
+    f.x_col = mxfp8_of(*a, &mxmoe_forward_args::x_col, offsetof(mxmoe_forward_args, x_col), BlockAxis::col, "x_col");
     const Problem q = problem(*p);
     ctx->ctx.clear_report();
     auto* s = new mxmoe_saved_s{ctx->bridge, forward(ctx->ctx, q, f)};
@@ -312,7 +326,7 @@ mxmoe_status mxmoe_permute_tokens(mxmoe_context ctx, const mxmoe_permute_args* a
     require(ctx, "ctx");
     require(a, "args");
     check_struct(a->struct_size, offsetof(mxmoe_permute_args, zero_unused_rows), "args");  // appended
-    const PermuteArgs p{.x = view(a->x, "x"),
+    PermuteArgs p{.x = view(a->x, "x"),
                         .expert_ids = view(a->expert_ids, "expert_ids"),
                         .probs = view(a->probs, "probs"),
                         .experts = a->experts,
@@ -324,6 +338,10 @@ mxmoe_status mxmoe_permute_tokens(mxmoe_context ctx, const mxmoe_permute_args* a
                         .invalid = view(a->invalid, "invalid"),
                         .zero_unused_rows = appended(*a, &mxmoe_permute_args::zero_unused_rows,
                                                      offsetof(mxmoe_permute_args, zero_unused_rows), int32_t{0}) != 0};
+    p.rowwise = mxfp8_of(*a, &mxmoe_permute_args::rowwise, offsetof(mxmoe_permute_args, rowwise), BlockAxis::row,
+                         "rowwise");
+    p.colwise = mxfp8_of(*a, &mxmoe_permute_args::colwise, offsetof(mxmoe_permute_args, colwise), BlockAxis::col,
+                         "colwise");
     ctx->ctx.clear_report();
     permute_tokens(ctx->ctx, p);
   });

@@ -407,6 +407,47 @@ int main(void) {
   for (int i = 0; i < T * H; ++i) finite &= isfinite(from_bf16(y[i])) != 0;
   CHECK(finite, "y has non-finite values (unwritten?)");
 
+  /* The permute's MXFP8 outputs (appended fields) as the forward's pre-quantized X (appended
+   * fields), x absent: ids that keep every token in place (already sorted by expert) make the
+   * quantized rows X's own, so y must come out byte for byte the same. */
+  {
+    static int32_t ids1[T], off1[E + 1], map1[T];
+    static uint8_t xr[T * H], xrs[128 * 4], xc[T * H], xcs[(2 + 4 * E) * 128];
+    static uint16_t y3[T * H];
+    for (int t = 0; t < T; ++t) ids1[t] = t < offsets[1] ? 0 : 2;
+    mxmoe_permute_args pa;
+    memset(&pa, 0, sizeof pa);
+    pa.struct_size = sizeof pa;
+    pa.x = tensor(x, MXMOE_BF16, 2, T, H, 0);
+    pa.expert_ids = tensor(ids1, MXMOE_I32, 2, T, 1, 0);
+    pa.experts = E;
+    pa.capacity = -1;
+    pa.offsets = tensor(off1, MXMOE_I32, 1, E + 1, 0, 0);
+    pa.row_map = tensor(map1, MXMOE_I32, 2, T, 1, 0);
+    pa.rowwise.data = tensor(xr, MXMOE_E4M3, 2, T, H, 0);
+    pa.rowwise.scales = tensor(xrs, MXMOE_E8M0, 1, sizeof xrs, 0, 0);
+    pa.colwise.data = tensor(xc, MXMOE_E4M3, 2, T, H, 0);
+    pa.colwise.scales = tensor(xcs, MXMOE_E8M0, 1, sizeof xcs, 0, 0);
+    CHECK(mxmoe_permute_tokens(ctx, &pa) == MXMOE_OK, "quantized permute: %s", mxmoe_last_error());
+    const char* fused = mxmoe_context_step_backend(ctx, "permute_quantize_rows");
+    CHECK(fused != NULL && strcmp(fused, "cpu") == 0, "backend of permute_quantize_rows: %s", fused ? fused : "(none)");
+    for (int e = 0; e <= E; ++e) CHECK(off1[e] == offsets[e], "offsets[%d]=%d", e, off1[e]);
+    mxmoe_forward_args qa = fa;
+    memset(&qa.x, 0, sizeof qa.x);
+    qa.x_row = pa.rowwise;
+    qa.x_col = pa.colwise;
+    memset(y3, 0xA5, sizeof y3);
+    qa.y = tensor(y3, MXMOE_BF16, 2, T, H, 0);
+    mxmoe_saved qs = NULL;
+    CHECK(mxmoe_forward(ctx, &p, &qa, &qs) == MXMOE_OK, "pre-quantized forward: %s", mxmoe_last_error());
+    CHECK(memcmp(y3, y, sizeof y) == 0, "y with pre-quantized X differs from y with x");
+    CHECK(mxmoe_context_step_backend(ctx, "quantize_x") == NULL, "quantize_x ran with X given quantized");
+    mxmoe_saved_destroy(qs);
+    qa.struct_size = offsetof(mxmoe_forward_args, x_row); /* an older header: x_row unseen, x missing */
+    CHECK(mxmoe_forward(ctx, &p, &qa, &qs) == MXMOE_ERROR_INVALID_ARGUMENT, "old struct_size without x");
+    CHECK(strstr(mxmoe_last_error(), "x: missing") != NULL, "message: %s", mxmoe_last_error());
+  }
+
   mxmoe_backward_args ba;
   memset(&ba, 0, sizeof ba);
   ba.struct_size = sizeof ba;

@@ -11,7 +11,7 @@
 #include "mxmoe/mxfp8_layout.h"
 #include "mxmoe/numerics.h"
 #include "src/cuda/common/mx_out.h"
-#include "src/cuda/portable/ptx.cuh"
+#include "src/cuda/common/convert.cuh"
 
 namespace mxmoe::cuda {
 
@@ -55,9 +55,6 @@ struct PitchedTile {
 template <int kRows, int kCols, class Tile, class ColOf>
 __device__ __forceinline__ void quantize_staged_tile(const Tile& tile, const MxOut& out, const MxTileTarget& t,
                                                      ColOf col_of, int tid, int threads) {
-  using portable::bf16_hi;
-  using portable::bf16_lo;
-  using portable::e4m3x2_from_f32;
   constexpr int kBlocksPerRow = kCols / kMxBlock;
   if (out.row_data != nullptr) {
     for (int task = tid; task < kRows * kBlocksPerRow; task += threads) {

@@ -1,5 +1,5 @@
 // Thin PTX wrappers used by the portable (sm_80+) kernels: cp.async, ldmatrix, mma.sync bf16, and
-// the E4M3 <-> fp32 conversions of the MXFP8 paths. Hardware conversions are used from sm_89 on;
+// E4M3 -> fp32 (fp32 -> E4M3 and the bf16 halves: src/cuda/common/convert.cuh). Hardware conversions are used from sm_89 on;
 // sm_80 gets exact software twins (numerics.h semantics).
 #pragma once
 #include <cuda_bf16.h>
@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "mxmoe/numerics.h"
+#include "src/cuda/common/convert.cuh"
 
 namespace mxmoe::cuda::portable {
 
@@ -53,8 +54,6 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
-__device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
-__device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
 
 // Two E4M3 bytes (lo = bits 0-7, hi = bits 8-15) -> exact fp32 values.
 __device__ __forceinline__ float2 e4m3x2_to_f32(uint32_t two) {
@@ -73,15 +72,5 @@ __device__ __forceinline__ float2 e4m3x2_to_f32(uint32_t two) {
 #endif
 }
 
-// Two fp32 -> two E4M3 bytes (lo in bits 0-7): RNE, saturating, NaN -> NaN (numerics.h).
-__device__ __forceinline__ uint32_t e4m3x2_from_f32(float lo, float hi) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  uint16_t r;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
-  return r;
-#else
-  return static_cast<uint32_t>(e4m3_from_f32(lo)) | (static_cast<uint32_t>(e4m3_from_f32(hi)) << 8);
-#endif
-}
 
 }  // namespace mxmoe::cuda::portable

@@ -326,7 +326,7 @@ mxmoe_status mxmoe_permute_tokens(mxmoe_context ctx, const mxmoe_permute_args* a
     require(ctx, "ctx");
     require(a, "args");
     check_struct(a->struct_size, offsetof(mxmoe_permute_args, zero_unused_rows), "args");  // appended
-    PermuteArgs p{.x = view(a->x, "x"),
+    const PermuteArgs p{.x = view(a->x, "x"),
                         .expert_ids = view(a->expert_ids, "expert_ids"),
                         .probs = view(a->probs, "probs"),
                         .experts = a->experts,
@@ -337,11 +337,11 @@ mxmoe_status mxmoe_permute_tokens(mxmoe_context ctx, const mxmoe_permute_args* a
                         .permuted_probs = view(a->permuted_probs, "permuted_probs"),
                         .invalid = view(a->invalid, "invalid"),
                         .zero_unused_rows = appended(*a, &mxmoe_permute_args::zero_unused_rows,
-                                                     offsetof(mxmoe_permute_args, zero_unused_rows), int32_t{0}) != 0};
-    p.rowwise = mxfp8_of(*a, &mxmoe_permute_args::rowwise, offsetof(mxmoe_permute_args, rowwise), BlockAxis::row,
-                         "rowwise");
-    p.colwise = mxfp8_of(*a, &mxmoe_permute_args::colwise, offsetof(mxmoe_permute_args, colwise), BlockAxis::col,
-                         "colwise");
+                                                     offsetof(mxmoe_permute_args, zero_unused_rows), int32_t{0}) != 0,
+                        .rowwise = mxfp8_of(*a, &mxmoe_permute_args::rowwise, offsetof(mxmoe_permute_args, rowwise),
+                                            BlockAxis::row, "rowwise"),
+                        .colwise = mxfp8_of(*a, &mxmoe_permute_args::colwise, offsetof(mxmoe_permute_args, colwise),
+                                            BlockAxis::col, "colwise")};
     ctx->ctx.clear_report();
     permute_tokens(ctx->ctx, p);
   });

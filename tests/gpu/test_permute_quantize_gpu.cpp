@@ -19,6 +19,7 @@
 
 #include "tests/gpu_support.h"
 #include "tests/layer_support.h"
+#include "tests/permute_inputs.h"
 
 namespace mxmoe::test {
 namespace {
@@ -44,32 +45,9 @@ std::string describe(const Case& c) {
          (c.int64_ids ? " i64" : "");
 }
 
-struct Inputs {
-  HostTensor x, ids, probs;
-};
-
+using Inputs = PermuteInputs;
 Inputs make_inputs(const Case& c, std::mt19937_64& gen) {
-  Inputs in{HostTensor(DType::bf16, {c.T, c.H}), HostTensor(c.int64_ids ? DType::i64 : DType::i32, {c.T, c.K}),
-            HostTensor(DType::f32, {c.T, c.K})};
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
-  std::uniform_int_distribution<int> mag(-12, 12);
-  for (int64_t t = 0; t < c.T; ++t) {
-    const float s = std::ldexp(1.0f, mag(gen));
-    for (int64_t h = 0; h < c.H; ++h) in.x.ptr<uint16_t>()[t * c.H + h] = bf16_from_f32(u(gen) * s);
-  }
-  for (int64_t i = 0; i < in.probs.numel(); ++i) in.probs.ptr<float>()[i] = u(gen);
-  // Half the experts get tokens (the others none); some ids outside [0, E).
-  const int64_t active = std::max<int64_t>(1, c.E / 2);
-  std::bernoulli_distribution bad(c.invalid_fraction);
-  for (int64_t i = 0; i < c.T * c.K; ++i) {
-    int64_t id = 2 * std::uniform_int_distribution<int64_t>(0, active - 1)(gen) % c.E;
-    if (bad(gen)) id = std::uniform_int_distribution<int>(0, 1)(gen) ? -1 : (c.int64_ids ? int64_t{1} << 33 : c.E);
-    if (c.int64_ids)
-      in.ids.ptr<int64_t>()[i] = id;
-    else
-      in.ids.ptr<int32_t>()[i] = static_cast<int32_t>(id);
-  }
-  return in;
+  return make_permute_inputs({c.T, c.K, c.E, c.C, c.H, c.invalid_fraction, c.int64_ids}, gen);
 }
 
 struct Wanted {

@@ -18,6 +18,7 @@
 #include "src/cpu/cpu_ops.h"
 #include "src/dispatch/backend.h"
 #include "support.h"
+#include "tests/permute_inputs.h"
 
 namespace mxmoe::test {
 namespace {
@@ -30,48 +31,11 @@ HostTensor poisoned(DType t, std::initializer_list<int64_t> shape) {
   return h;
 }
 
-struct Case {
-  int64_t T, K, E, capacity, H;
-  double invalid_fraction = 0;
-  bool int64_ids = false;
-  int active_experts = 0;  // 0: half of E (the rest get no token)
-};
+using Case = PermuteCase;
+using Inputs = PermuteInputs;
+inline Inputs make_inputs(const Case& c, std::mt19937_64& gen) { return make_permute_inputs(c, gen); }
 
-std::ostream& operator<<(std::ostream& os, const Case& c) {
-  return os << "T" << c.T << "_K" << c.K << "_E" << c.E << "_C" << c.capacity << "_H" << c.H << "_bad"
-            << c.invalid_fraction << (c.int64_ids ? "_i64" : "");
-}
 
-struct Inputs {
-  HostTensor x, ids, probs;
-};
-
-Inputs make_inputs(const Case& c, std::mt19937_64& gen) {
-  Inputs in{HostTensor(DType::bf16, {c.T, c.H}), HostTensor(c.int64_ids ? DType::i64 : DType::i32, {c.T, c.K}),
-            HostTensor(DType::f32, {c.T, c.K})};
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
-  std::uniform_int_distribution<int> mag(-12, 12);
-  for (int64_t t = 0; t < c.T; ++t) {
-    const float s = std::ldexp(1.0f, mag(gen));
-    for (int64_t h = 0; h < c.H; ++h) in.x.ptr<uint16_t>()[t * c.H + h] = bf16_from_f32(u(gen) * s);
-  }
-  for (int64_t i = 0; i < in.probs.numel(); ++i) in.probs.ptr<float>()[i] = u(gen);
-  std::vector<int64_t> active(static_cast<size_t>(c.E));
-  for (int64_t e = 0; e < c.E; ++e) active[e] = e;
-  std::shuffle(active.begin(), active.end(), gen);
-  active.resize(static_cast<size_t>(c.active_experts > 0 ? c.active_experts : std::max<int64_t>(1, c.E / 2)));
-  std::bernoulli_distribution bad(c.invalid_fraction);
-  const int64_t bad_ids[] = {-1, c.E, int64_t{1} << 33};
-  for (int64_t i = 0; i < c.T * c.K; ++i) {
-    int64_t id = active[std::uniform_int_distribution<size_t>(0, active.size() - 1)(gen)];
-    if (bad(gen)) id = bad_ids[std::uniform_int_distribution<int>(c.int64_ids ? 0 : 0, c.int64_ids ? 2 : 1)(gen)];
-    if (c.int64_ids)
-      in.ids.ptr<int64_t>()[i] = id;
-    else
-      in.ids.ptr<int32_t>()[i] = static_cast<int32_t>(id);
-  }
-  return in;
-}
 
 // Which outputs a run asks for.
 struct Wanted {

@@ -89,6 +89,19 @@ def _grouped_mlp_forward(x, offsets, probs, w1, b1, w2, b2, recipe, activation, 
     return x.new_empty((T, H)), _saved(x, recipe, T, E, F, H)
 
 
+@torch.library.register_fake("mxmoe::grouped_mlp_forward_prequantized")
+def _grouped_mlp_forward_prequantized(x_row, x_row_scales, x_col, x_col_scales, offsets, probs, w1, b1, w2, b2, recipe,
+                                      activation, limit, alpha, linear_offset, glu_layout, scale_fc2_bias,
+                                      prepared=None):
+    _layer_devices("grouped_mlp_forward_prequantized", x_row, None, None, offsets, probs, w1, b1, w2, b2,
+                   ("x_row_scales", x_row_scales), ("x_col", x_col), ("x_col_scales", x_col_scales))
+    E, F, H = _dims(w1)
+    T = x_row.shape[0]
+    # The saved list without x_col and its scales: [c, a_col, a_col_scales].
+    saved = [x_row.new_empty((T, 2 * F), dtype=torch.bfloat16)] + _colwise(x_row, T, F, E)
+    return x_row.new_empty((T, H), dtype=torch.bfloat16), saved
+
+
 def _backward_common(dy, saved, w1, recipe, defer_wgrad):
     E, F, H = _dims(w1)
     T = saved[0].shape[0]
@@ -205,6 +218,20 @@ def _permute_tokens(x, expert_ids, probs, experts, capacity=-1):
     permuted_probs = x.new_empty((R,), dtype=torch.float32) if probs is not None else _absent_probs(x)
     return (x.new_empty((R, H)), x.new_empty((max(experts, 0) + 1,), dtype=i32), x.new_empty((T, K), dtype=i32),
             permuted_probs, x.new_empty((1,), dtype=i32))
+
+
+@torch.library.register_fake("mxmoe::permute_tokens_mxfp8")
+def _permute_tokens_mxfp8(x, expert_ids, probs, experts, capacity=-1, zero_unused_rows=True):
+    check_devices("permute_tokens_mxfp8", ("x", x), ("expert_ids", expert_ids), ("probs", probs))
+    T, H = x.shape
+    K = expert_ids.shape[1]
+    R = permuted_rows_bound(T, K, experts, capacity) if capacity >= -1 else 0
+    E = max(experts, 0)
+    i32 = torch.int32
+    permuted_probs = x.new_empty((R,), dtype=torch.float32) if probs is not None else _absent_probs(x)
+    return (x.new_empty((E + 1,), dtype=i32), x.new_empty((T, K), dtype=i32), permuted_probs,
+            x.new_empty((1,), dtype=i32), x.new_empty((R, H), dtype=E4M3),
+            x.new_empty((rowwise_scale_bytes(R, H),), dtype=SCALE), *_colwise(x, R, H, E))
 
 
 @torch.library.register_fake("mxmoe::unpermute_tokens")

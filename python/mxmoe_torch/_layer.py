@@ -129,16 +129,66 @@ class _GroupedMLPFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, offsets, probs, w1, b1, w2, b2, *saved = ctx.saved_tensors
-        config, sink, prepared = ctx.config, ctx.sink, ctx.prepared
-        dy = dy.contiguous()
-        inputs = (x, offsets, probs, w1, b1, w2, b2)
-        if sink is None:
-            dx, dprobs, dw1, dw2, db1, db2, _ = _ops.grouped_mlp_backward(dy, saved, *inputs, *config, False,
-                                                                          prepared)
-        else:
-            dx, dprobs, dw1, dw2, db1, db2 = _sink_backward(sink, dy, saved, inputs, config, prepared)
-        return (dx, None, dprobs, dw1, db1 if b1 is not None else None, dw2, db2 if b2 is not None else None,
-                None, None, None)
+        dx, dprobs, dw1, dw2, db1, db2 = _layer_backward(dy, saved, (x, offsets, probs, w1, b1, w2, b2), ctx.config,
+                                                         ctx.sink, ctx.prepared)
+        return dx, None, dprobs, dw1, db1, dw2, db2, None, None, None
+
+
+def _layer_backward(dy, saved, inputs, config, sink, prepared):
+    """The layer's backward (both autograd Functions): (dx, dprobs, dw1, dw2, db1, db2), None for an
+    absent bias and for weight gradients the eager-only modes put elsewhere."""
+    dy = dy.contiguous()
+    b1, b2 = inputs[4], inputs[6]
+    if sink is None:
+        dx, dprobs, dw1, dw2, db1, db2, _ = _ops.grouped_mlp_backward(dy, saved, *inputs, *config, False, prepared)
+    else:
+        dx, dprobs, dw1, dw2, db1, db2 = _sink_backward(sink, dy, saved, inputs, config, prepared)
+    return dx, dprobs, dw1, dw2, db1 if b1 is not None else None, db2 if b2 is not None else None
+
+
+class _PermutedGroupedMLPFunction(torch.autograd.Function):
+    """permute (MXFP8 outputs) -> GroupedMLP (X pre-quantized) as one autograd node, recipe mxfp8:
+    the permute writes the rows as row- and column-wise MXFP8 (torch.ops.mxmoe.permute_tokens_mxfp8,
+    no bf16 copy) and the layer reads them (grouped_mlp_forward_prequantized, no quantize of X). The
+    bytes are those of permute_tokens then the layer's own quantize, so y and every gradient equal
+    mxmoe_torch.permute followed by GroupedMLP bit for bit. Backward: the layer's backward gives
+    d(permuted x) and d(permuted probs) in bf16 / fp32, then permute's backward (unpermute, through
+    autograd as _PermuteFunction does) gives dx and dprobs.
+
+    With a capacity (>= 0) the layer runs on R = permuted_rows_bound rows, the rows past offsets[E]
+    attached to the last expert's group (MoE.forward's static-shape rule). The permute quantizes the
+    kept rows with the real offsets; the rows past offsets[E] are zeros (zero_unused_rows), their
+    row-wise scale bytes 0, and the last group's column-wise blocks start where they would with the
+    extended offsets (compact scales: a group's chunk depends only on the groups before it), so every
+    value the layer reads equals the unfused path's (zero rows quantize to zero data whatever their
+    scale). Returns (permuted_y [R, H] bf16, row_map [T, K])."""
+
+    @staticmethod
+    def forward(ctx, x, expert_ids, probs, w1, b1, w2, b2, experts, capacity, config, sink, prepared):
+        offsets, row_map, permuted_probs, _, x_row, x_row_scales, x_col, x_col_scales = _ops.permute_tokens_mxfp8(
+            x, expert_ids, probs, experts, capacity, capacity >= 0)
+        if capacity >= 0:
+            rows = x_row.shape[0]
+            offsets = torch.cat([offsets[:-1], torch.full((1,), rows, dtype=offsets.dtype, device=offsets.device)])
+        y, saved = _ops.grouped_mlp_forward_prequantized(x_row, x_row_scales, x_col, x_col_scales, offsets,
+                                                         permuted_probs, w1, b1, w2, b2, *config, prepared)
+        # The backward's saved list: [c, x_col, x_col_scales, a_col, a_col_scales] (x_col is the permute's).
+        saved = [saved[0], x_col, x_col_scales, *saved[1:]]
+        ctx.save_for_backward(row_map, offsets, permuted_probs, w1, b1, w2, b2, *saved)
+        ctx.config = config
+        ctx.sink = sink
+        ctx.prepared = prepared
+        ctx.mark_non_differentiable(row_map)
+        return y, row_map
+
+    @staticmethod
+    def backward(ctx, dy, _row_map):
+        from ._permute import _gather_sum  # _permute imports nothing of this module; late to keep it so
+        row_map, offsets, probs, w1, b1, w2, b2, *saved = ctx.saved_tensors
+        d_permuted_x, d_permuted_probs, dw1, dw2, db1, db2 = _layer_backward(
+            dy, saved, (None, offsets, probs, w1, b1, w2, b2), ctx.config, ctx.sink, ctx.prepared)
+        dx, dprobs = _gather_sum(d_permuted_x, row_map, d_permuted_probs, True)
+        return dx, None, dprobs, dw1, db1, dw2, db2, None, None, None, None, None
 
 
 def _main_grad(param, name):
@@ -355,10 +405,23 @@ class GroupedMLP(nn.Module):
                       ("w2", self.w2), ("b1", self.b1), ("b2", self.b2))
         if probs is None:
             probs = torch.ones(x.shape[0], dtype=torch.float32, device=x.device)
-        eager_only = self.accumulate_into_main_grad or self.delay_wgrad_compute
         return _GroupedMLPFunction.apply(x.to(torch.bfloat16), offsets.to(torch.int32), probs.to(torch.float32),
-                                         self.w1, self.b1, self.w2, self.b2, self.config,
-                                         self._sink if eager_only else None, self._prepared_weights())
+                                         self.w1, self.b1, self.w2, self.b2, self.config, self._eager_sink(),
+                                         self._prepared_weights())
+
+    def _eager_sink(self):
+        return self._sink if self.accumulate_into_main_grad or self.delay_wgrad_compute else None
+
+    def _forward_permuted_mxfp8(self, x, expert_ids, probs, experts, capacity):
+        """Recipe mxfp8: mxmoe_torch.permute(x, expert_ids, probs, experts=, capacity=) then this layer
+        on all R permuted rows (with a capacity the rows past offsets[E] joined to the last expert, as
+        MoE.forward does), with the quantize of X fused into the permute: no bf16 permuted x is
+        written. x bf16 [T, H], expert_ids [T, K] (int32 or int64), probs float32 [T, K] ->
+        (permuted_y bf16 [R, H], row_map int32 [T, K]); bit-identical to the unfused composition."""
+        if self.recipe != "mxfp8":
+            raise ValueError(f"mxmoe: GroupedMLP: the fused permute needs recipe='mxfp8', got {self.recipe!r}")
+        return _PermutedGroupedMLPFunction.apply(x, expert_ids, probs, self.w1, self.b1, self.w2, self.b2, experts,
+                                                 capacity, self.config, self._eager_sink(), self._prepared_weights())
 
     def backward_dw(self):
         """Runs the weight gradients that delay_wgrad_compute deferred, oldest first."""

@@ -1,6 +1,7 @@
 """MoE: a whole Mixture-of-Experts block that replaces a dense MLP: router (fp32 linear, softmax or
 sigmoid scores, top-k, optional renormalisation, optional load-balancing loss) -> mxmoe_torch.permute
--> GroupedMLP -> mxmoe_torch.unpermute.
+-> GroupedMLP -> mxmoe_torch.unpermute (recipe mxfp8: the permute writes MXFP8 rows that GroupedMLP
+reads without quantizing them again).
 
     moe = mxmoe_torch.MoE(hidden=1024, ffn=512, experts=8, top_k=2, recipe="mxfp8", aux_loss_coef=1e-2)
     y = moe(x)                        # x [..., H] -> y [..., H], x's dtype
@@ -94,6 +95,13 @@ class MoE(nn.Module):
     as it is (their outputs are never gathered and their upstream gradient is zero); no token
     count is read on the host.
 
+    fuse_permute_quantize (recipe mxfp8; default True): the permute writes the permuted rows as row-
+    and column-wise MXFP8 (torch.ops.mxmoe.permute_tokens_mxfp8) and the expert layer reads them as
+    its X (grouped_mlp_forward_prequantized): no bf16 permuted copy of x is written and the layer runs
+    no quantize of it. The results are bit-identical to False (permute, then GroupedMLP quantizing the
+    bf16 rows itself), with or without a capacity; the attribute may be changed between calls. Other
+    recipes ignore it.
+
     aux_loss_coef (0: none): the Switch/GShard load-balancing loss
     aux_loss = aux_loss_coef * E * sum_e f_e P_e, with f_e = (slots routed to e) / (T K), counted
     from the router's top-k choice before any capacity drop (not differentiable), and P_e the mean
@@ -106,7 +114,7 @@ class MoE(nn.Module):
     def __init__(self, hidden, ffn, experts, top_k, recipe="bf16", activation="swiglu", glu_layout="halves",
                  bias=False, *, score_func="softmax", normalize_top_k=None, capacity_factor=None, aux_loss_coef=0.0,
                  scale_fc2_bias=False, limit=7.0, alpha=1.702, linear_offset=1.0, cache_prepared_weights=True,
-                 device=None):
+                 fuse_permute_quantize=True, device=None):
         super().__init__()
         # hidden, ffn, experts, recipe, activation, glu_layout, the bias flags and the clamp scalars:
         # GroupedMLP's checks (their errors name the argument), first, before anything is allocated.
@@ -135,6 +143,9 @@ class MoE(nn.Module):
         self.normalize_top_k = normalize_top_k
         self.capacity_factor = capacity_factor  # a property: checked, kept as an exact fraction
         self.aux_loss_coef = float(aux_loss_coef)
+        if not isinstance(fuse_permute_quantize, bool):
+            raise TypeError(_error(f"fuse_permute_quantize must be a bool, got {fuse_permute_quantize!r}"))
+        self.fuse_permute_quantize = fuse_permute_quantize
         # The router: float32 whatever the block's other parameters are (nn.Linear's default init).
         self.router = nn.Linear(self.hidden, self.experts, bias=False, device=device, dtype=torch.float32)
         self.aux_loss = None
@@ -200,6 +211,12 @@ class MoE(nn.Module):
         self.aux_loss = self.load_balancing_loss(scores, ids) if self.aux_loss_coef > 0 else None
 
         capacity = self.capacity(T)
+        if self.fuse_permute_quantize and self.recipe == "mxfp8":
+            # The permute writes the rows as MXFP8 and the layer reads them (no bf16 permuted x, no
+            # quantize of it), with the same offsets rule as below; the same bits as the path below.
+            permuted_y, row_map = self.grouped_mlp._forward_permuted_mxfp8(x2d.to(torch.bfloat16), ids, probs, E,
+                                                                           capacity)
+            return unpermute(permuted_y, row_map).to(x.dtype).reshape(shape)
         p = permute(x2d.to(torch.bfloat16), ids, probs, experts=E, capacity=capacity)
         offsets = p.offsets
         if capacity >= 0:

@@ -8,6 +8,8 @@
 //
 //   grouped_mlp_prepare_weights (w1, w2, scalars) -> PreparedWeights
 //   grouped_mlp_forward   (x, offsets, probs, w1, b1?, w2, b2?, scalars, prepared?) -> y, saved
+//   grouped_mlp_forward_prequantized (x_row, x_row_scales, x_col, x_col_scales, offsets, probs, w1, b1?, w2, b2?,
+//                         scalars, prepared?) -> y, [c, a_col, a_col_scales]   (mxfp8; X as MXFP8)
 //   grouped_mlp_backward  (dy, saved, x?, inputs, scalars, defer_wgrad, prepared?)
 //                           -> dx, dprobs, dw1, dw2, db1, db2, deferred
 //   grouped_mlp_backward_ (... , main_grad_w1!, main_grad_w2!, main_grad_b1!?, main_grad_b2!?, deferred!, prepared?)
@@ -192,6 +194,48 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> grouped_mlp_forward(
   fa.prepared = prepared_of(prepared);
   CallContext cc(x);
   forward(cc.get(), p, fa, saved_buffers(p, saved));  // the SavedState it returns owns nothing
+  return {y, saved};
+}
+
+std::tuple<at::Tensor, std::vector<at::Tensor>> grouped_mlp_forward_prequantized(
+    const at::Tensor& x_row_in, const at::Tensor& x_row_scales_in, const at::Tensor& x_col_in,
+    const at::Tensor& x_col_scales_in, const at::Tensor& offsets, const at::Tensor& probs, const at::Tensor& w1,
+    const std::optional<at::Tensor>& b1, const at::Tensor& w2, const std::optional<at::Tensor>& b2, std::string recipe,
+    std::string activation, double limit, double alpha, double linear_offset, std::string glu_layout,
+    bool scale_fc2_bias, const Prepared& prepared) {
+  layer_devices("grouped_mlp_forward_prequantized", x_row_in, std::nullopt, {}, offsets, probs, w1, b1, w2, b2)
+      .add("x_row_scales", x_row_scales_in)
+      .add("x_col", x_col_in)
+      .add("x_col_scales", x_col_scales_in)
+      .check();
+  TORCH_CHECK(recipe == "mxfp8", "mxmoe: grouped_mlp_forward_prequantized: recipe must be 'mxfp8' (X quantized as "
+              "MXFP8), got '", recipe, "'");
+  TORCH_CHECK(x_row_in.dim() == 2, "mxmoe: grouped_mlp_forward_prequantized: x_row must be [T, H], got shape ",
+              x_row_in.sizes());
+  const LayerInputs in(std::nullopt, offsets, probs, w1, b1, w2, b2);
+  const Problem p = in.problem(scalars(recipe, activation, limit, alpha, linear_offset, glu_layout, scale_fc2_bias));
+  const at::Tensor x_row = x_row_in.contiguous(), x_row_scales = x_row_scales_in.contiguous();
+  const at::Tensor x_col = x_col_in.contiguous(), x_col_scales = x_col_scales_in.contiguous();
+  const int64_t T = x_row.size(0);
+  const at::TensorOptions like = x_row.options();
+  at::Tensor y = at::empty({T, p.hidden}, like.dtype(at::kBFloat16));
+  // empty_saved's list without x_col and its scales (the caller's x_col is what backward reads);
+  // column-wise scales zeroed, as empty_saved's are.
+  std::vector<at::Tensor> saved{at::empty({T, 2 * p.ffn}, like.dtype(at::kBFloat16)),
+                                at::empty({T, p.ffn}, like.dtype(at::kFloat8_e4m3fn)),
+                                at::zeros({colwise_scales(T, p.ffn, p.experts)}, like.dtype(at::kByte))};
+  if (T == 0) return {y, saved};
+  ForwardArgs fa = in.args();
+  fa.x_row = mx_view(x_row, x_row_scales, BlockAxis::row, ScaleLayout::compact);
+  fa.x_col = colwise_view(x_col, x_col_scales);
+  fa.y = view(y);
+  fa.prepared = prepared_of(prepared);
+  StateBuffers state;
+  state.c = view(saved[0]);
+  state.x_col = fa.x_col;  // forward writes nothing there: the library checks it is x_col itself
+  state.a_col = colwise_view(saved[1], saved[2]);
+  CallContext cc(x_row);
+  forward(cc.get(), p, fa, state);
   return {y, saved};
 }
 

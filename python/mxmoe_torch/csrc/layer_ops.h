@@ -48,6 +48,16 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> grouped_mlp_forward(
     std::string activation, double limit, double alpha, double linear_offset, std::string glu_layout,
     bool scale_fc2_bias, const Prepared& prepared);
 
+// Recipe mxfp8 with X pre-quantized (ForwardArgs::x_row / x_col, as permute_tokens_mxfp8 writes
+// them): no quantize_x step, no bf16 x. `saved` is [c, a_col, a_col_scales]: the backward's saved
+// list is [c, x_col, x_col_scales, a_col, a_col_scales] (the caller keeps x_col for the wgrad).
+std::tuple<at::Tensor, std::vector<at::Tensor>> grouped_mlp_forward_prequantized(
+    const at::Tensor& x_row, const at::Tensor& x_row_scales, const at::Tensor& x_col, const at::Tensor& x_col_scales,
+    const at::Tensor& offsets, const at::Tensor& probs, const at::Tensor& w1, const std::optional<at::Tensor>& b1,
+    const at::Tensor& w2, const std::optional<at::Tensor>& b2, std::string recipe, std::string activation,
+    double limit, double alpha, double linear_offset, std::string glu_layout, bool scale_fc2_bias,
+    const Prepared& prepared);
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>>
 grouped_mlp_backward(const at::Tensor& dy, at::TensorList saved, const std::optional<at::Tensor>& x,
                      const at::Tensor& offsets, const at::Tensor& probs, const at::Tensor& w1,
@@ -101,6 +111,14 @@ void grouped_gemm_k_(const at::Tensor& a, const std::optional<at::Tensor>& a_sca
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> permute_tokens(
     const at::Tensor& x, const at::Tensor& expert_ids, const std::optional<at::Tensor>& probs, int64_t experts,
     int64_t capacity);
+
+// permute_tokens with the rows written as MXFP8 only (PermuteArgs::rowwise / colwise, compact scales,
+// column-wise blocks restarting at each expert's first row; no bf16 copy): (offsets, row_map,
+// permuted_probs, invalid, x_row [R, H] e4m3, x_row_scales u8, x_col [R, H] e4m3, x_col_scales u8).
+// Data rows past offsets[E] are zeros with zero_unused_rows, otherwise uninitialized.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+permute_tokens_mxfp8(const at::Tensor& x, const at::Tensor& expert_ids, const std::optional<at::Tensor>& probs,
+                     int64_t experts, int64_t capacity, bool zero_unused_rows);
 
 // (y [T, H], probs [T, K] or [0] without permuted_probs).
 std::tuple<at::Tensor, at::Tensor> unpermute_tokens(const at::Tensor& permuted_y, const at::Tensor& row_map,

@@ -63,6 +63,58 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> permute_t
   return {permuted_x, offsets, row_map, permuted_probs, invalid};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+permute_tokens_mxfp8(const at::Tensor& x_in, const at::Tensor& expert_ids_in, const std::optional<at::Tensor>& probs_in,
+                     int64_t experts, int64_t capacity, bool zero_unused_rows) {
+  DeviceCheck("permute_tokens_mxfp8").add("x", x_in).add("expert_ids", expert_ids_in).add("probs", probs_in).check();
+  TORCH_CHECK(x_in.dim() == 2, "mxmoe: permute_tokens_mxfp8: x must be [T, H], got shape ", x_in.sizes());
+  TORCH_CHECK(expert_ids_in.dim() == 2, "mxmoe: permute_tokens_mxfp8: expert_ids must be [T, K], got shape ",
+              expert_ids_in.sizes());
+  const at::Tensor x = x_in.contiguous(), expert_ids = expert_ids_in.contiguous();
+  const std::optional<at::Tensor> probs = contiguous(probs_in);
+  const int64_t T = x.size(0), H = x.size(1), K = expert_ids.size(1);
+  const int64_t R = std::max<int64_t>(0, permuted_rows_bound(T, K, experts, capacity));
+  const int64_t E = std::max<int64_t>(experts, 0);
+  const at::TensorOptions i32 = x.options().dtype(at::kInt), u8 = x.options().dtype(at::kByte);
+  const at::TensorOptions e4m3 = x.options().dtype(at::kFloat8_e4m3fn);
+  at::Tensor offsets = at::empty({E + 1}, i32);
+  at::Tensor row_map = at::empty(expert_ids.sizes(), i32);
+  at::Tensor permuted_probs = given(probs) ? at::empty({R}, x.options().dtype(at::kFloat)) : no_probs(x);
+  at::Tensor invalid = at::empty({1}, i32);
+  // The library leaves the data rows past offsets[E] untouched: zeroed here when asked (a layer run
+  // on all R rows, as the MoE block with a capacity does, reads them as the last group's zero rows).
+  // Scales are zeroed: the library writes every byte of a kept row's block, padding as 0.
+  at::Tensor x_row = zero_unused_rows ? at::zeros({R, H}, e4m3) : at::empty({R, H}, e4m3);
+  at::Tensor x_col = zero_unused_rows ? at::zeros({R, H}, e4m3) : at::empty({R, H}, e4m3);
+  at::Tensor x_row_scales = at::zeros({rowwise_scales(R, H)}, u8);
+  at::Tensor x_col_scales = at::zeros({colwise_scales(R, H, E)}, u8);
+  PermuteArgs a;
+  a.x = view(x);
+  a.expert_ids = view(expert_ids);
+  a.probs = view(probs);
+  a.experts = experts;
+  a.capacity = capacity;
+  a.offsets = view(offsets);
+  a.row_map = view(row_map);
+  if (given(probs)) a.permuted_probs = view(permuted_probs);
+  a.invalid = view(invalid);
+  a.zero_unused_rows = true;  // permuted_probs past offsets[E]: probability 0
+  at::Tensor permuted_x;
+  if (R == 0) {
+    // No rows to quantize (T = 0, or a capacity of 0): a [0, H] bf16 output, so the routing still
+    // writes offsets, row_map and invalid.
+    permuted_x = at::empty({0, H}, x.options());
+    a.permuted_x = view(permuted_x);
+  } else {
+    // The layers' scale layout (compact, Options' default): what grouped_mlp_forward_prequantized reads.
+    a.rowwise = mx_view(x_row, x_row_scales, BlockAxis::row, ScaleLayout::compact);
+    a.colwise = mx_view(x_col, x_col_scales, BlockAxis::col, ScaleLayout::compact);
+  }
+  CallContext cc(x);
+  mxmoe::permute_tokens(cc.get(), a);
+  return {offsets, row_map, permuted_probs, invalid, x_row, x_row_scales, x_col, x_col_scales};
+}
+
 std::tuple<at::Tensor, at::Tensor> unpermute_tokens(const at::Tensor& permuted_y_in, const at::Tensor& row_map_in,
                                                     const std::optional<at::Tensor>& permuted_probs_in) {
   DeviceCheck("unpermute_tokens").add("permuted_y", permuted_y_in).add("row_map", row_map_in)

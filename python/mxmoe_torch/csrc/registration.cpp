@@ -32,6 +32,10 @@ TORCH_LIBRARY(mxmoe, m) {
   // `prepared` (last, default None): grouped_mlp_prepare_weights's object for these w1 and w2.
   m.def("grouped_mlp_forward(Tensor x, " MXMOE_LAYER_INPUTS ", " MXMOE_LAYER_SCALARS ", " MXMOE_PREPARED
         "? prepared=None) -> (Tensor y, Tensor[] saved)");
+  // Recipe mxfp8 with X pre-quantized (permute_tokens_mxfp8's outputs): saved is [c, a_col, a_col_scales];
+  // grouped_mlp_backward takes [c, x_col, x_col_scales, a_col, a_col_scales].
+  m.def("grouped_mlp_forward_prequantized(Tensor x_row, Tensor x_row_scales, Tensor x_col, Tensor x_col_scales, "
+        MXMOE_LAYER_INPUTS ", " MXMOE_LAYER_SCALARS ", " MXMOE_PREPARED "? prepared=None) -> (Tensor y, Tensor[] saved)");
   m.def("grouped_mlp_backward(Tensor dy, Tensor[] saved, Tensor? x, " MXMOE_LAYER_INPUTS ", " MXMOE_LAYER_SCALARS
         ", bool defer_wgrad, " MXMOE_PREPARED "? prepared=None) -> (Tensor dx, Tensor dprobs, Tensor dw1, "
         "Tensor dw2, Tensor db1, Tensor db2, Tensor[] deferred)");
@@ -56,6 +60,10 @@ TORCH_LIBRARY(mxmoe, m) {
   // Token permute / unpermute (include/mxmoe/permute.h). An absent optional output is an empty f32 [0].
   m.def("permute_tokens(Tensor x, Tensor expert_ids, Tensor? probs, int experts, int capacity=-1) "
         "-> (Tensor permuted_x, Tensor offsets, Tensor row_map, Tensor permuted_probs, Tensor invalid)");
+  // The permute with the rows written as MXFP8 only (row- and column-wise, compact scales; no bf16 copy).
+  m.def("permute_tokens_mxfp8(Tensor x, Tensor expert_ids, Tensor? probs, int experts, int capacity=-1, "
+        "bool zero_unused_rows=True) -> (Tensor offsets, Tensor row_map, Tensor permuted_probs, Tensor invalid, "
+        "Tensor x_row, Tensor x_row_scales, Tensor x_col, Tensor x_col_scales)");
   m.def("unpermute_tokens(Tensor permuted_y, Tensor row_map, Tensor? permuted_probs=None) "
         "-> (Tensor y, Tensor probs)");
   m.def("permute_by_map(Tensor x, Tensor row_map, Tensor? probs, int rows) "
@@ -68,6 +76,7 @@ void register_kernels(torch::Library& m) {
   using namespace mxmoe::torch_ext;
   m.impl("grouped_mlp_prepare_weights", &grouped_mlp_prepare_weights);
   m.impl("grouped_mlp_forward", &grouped_mlp_forward);
+  m.impl("grouped_mlp_forward_prequantized", &grouped_mlp_forward_prequantized);
   m.impl("grouped_mlp_backward", &grouped_mlp_backward);
   m.impl("grouped_mlp_backward_", &grouped_mlp_backward_);
   m.impl("grouped_mlp_wgrad", &grouped_mlp_wgrad);
@@ -78,6 +87,7 @@ void register_kernels(torch::Library& m) {
   m.impl("grouped_gemm_k", &grouped_gemm_k);
   m.impl("grouped_gemm_k_", &grouped_gemm_k_);
   m.impl("permute_tokens", &permute_tokens);
+  m.impl("permute_tokens_mxfp8", &permute_tokens_mxfp8);
   m.impl("unpermute_tokens", &unpermute_tokens);
   m.impl("permute_by_map", &permute_by_map);
 }

@@ -137,6 +137,10 @@ std::string gemm_m_refusal(const detail::MGemmStep& s) {
 
 int default_block_n(const detail::MGemmStep& s) {
   if (s.epilogue == detail::Epilogue::glu_forward) return kWideN;
+  // MXMOE_SM90_MX_GLU_BWD_N=128 (read per call, comparison runs): the MXFP8-A GLU backward on
+  // 128-wide tiles whatever the width.
+  if (s.epilogue == detail::Epilogue::glu_backward && s.gemm.a.is_mxfp8() && env_is("MXMOE_SM90_MX_GLU_BWD_N", "128"))
+    return kNarrowN;
   return detail::gemm_width(s) > kNarrowN ? kWideN : kNarrowN;
 }
 

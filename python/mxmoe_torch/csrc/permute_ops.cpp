@@ -26,93 +26,87 @@ bool given(const std::optional<at::Tensor>& t) { return t && t->defined(); }
 
 }  // namespace
 
+// What permute_tokens and permute_tokens_mxfp8 share: the checked, contiguous inputs, the routing
+// outputs (offsets, row_map, permuted_probs, invalid) and the arguments naming them.
+struct PermuteCall {
+  at::Tensor x, expert_ids, offsets, row_map, permuted_probs, invalid;
+  std::optional<at::Tensor> probs;
+  int64_t H = 0, R = 0, E = 0;
+  PermuteArgs args;
+};
+PermuteCall begin_permute(const char* op, const at::Tensor& x_in, const at::Tensor& expert_ids_in,
+                          const std::optional<at::Tensor>& probs_in, int64_t experts, int64_t capacity) {
+  DeviceCheck(op).add("x", x_in).add("expert_ids", expert_ids_in).add("probs", probs_in).check();
+  TORCH_CHECK(x_in.dim() == 2, "mxmoe: ", op, ": x must be [T, H], got shape ", x_in.sizes());
+  TORCH_CHECK(expert_ids_in.dim() == 2, "mxmoe: ", op, ": expert_ids must be [T, K], got shape ", expert_ids_in.sizes());
+  PermuteCall c;
+  c.x = x_in.contiguous();
+  c.expert_ids = expert_ids_in.contiguous();
+  c.probs = contiguous(probs_in);
+  const int64_t T = c.x.size(0), K = c.expert_ids.size(1);
+  c.H = c.x.size(1);
+  c.R = std::max<int64_t>(0, permuted_rows_bound(T, K, experts, capacity));
+  c.E = std::max<int64_t>(experts, 0);
+  const at::TensorOptions i32 = c.x.options().dtype(at::kInt);
+  c.offsets = at::empty({c.E + 1}, i32);
+  c.row_map = at::empty(c.expert_ids.sizes(), i32);
+  c.permuted_probs = given(c.probs) ? at::empty({c.R}, c.x.options().dtype(at::kFloat)) : no_probs(c.x);
+  c.invalid = at::empty({1}, i32);  // always written by the routing
+  PermuteArgs& a = c.args;
+  a.x = view(c.x);
+  a.expert_ids = view(c.expert_ids);
+  a.probs = view(c.probs);
+  a.experts = experts;
+  a.capacity = capacity;
+  a.offsets = view(c.offsets);
+  a.row_map = view(c.row_map);
+  if (given(c.probs)) a.permuted_probs = view(c.permuted_probs);
+  a.invalid = view(c.invalid);
+  // Rows past offsets[E] written by the library: zeros for permuted_x (costs nothing when every slot
+  // is kept, where a zero fill of R x H would cost as much as the permute; docs/kernels/permute.md),
+  // probability 0 for permuted_probs.
+  a.zero_unused_rows = true;
+  return c;
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> permute_tokens(
     const at::Tensor& x_in, const at::Tensor& expert_ids_in, const std::optional<at::Tensor>& probs_in, int64_t experts,
     int64_t capacity) {
-  DeviceCheck("permute_tokens").add("x", x_in).add("expert_ids", expert_ids_in).add("probs", probs_in).check();
-  TORCH_CHECK(x_in.dim() == 2, "mxmoe: permute_tokens: x must be [T, H], got shape ", x_in.sizes());
-  TORCH_CHECK(expert_ids_in.dim() == 2, "mxmoe: permute_tokens: expert_ids must be [T, K], got shape ",
-              expert_ids_in.sizes());
-  const at::Tensor x = x_in.contiguous(), expert_ids = expert_ids_in.contiguous();
-  const std::optional<at::Tensor> probs = contiguous(probs_in);
-  const int64_t T = x.size(0), H = x.size(1), K = expert_ids.size(1);
-  const int64_t R = std::max<int64_t>(0, permuted_rows_bound(T, K, experts, capacity));
-  const at::TensorOptions i32 = x.options().dtype(at::kInt);
-  // Uninitialized: the library writes the rows past offsets[E] as zeros itself (zero_unused_rows),
-  // which costs nothing when every slot is kept, where a zero fill of R x H would cost as much as the
-  // permute (docs/kernels/permute.md).
-  at::Tensor permuted_x = at::empty({R, H}, x.options());
-  at::Tensor offsets = at::empty({std::max<int64_t>(experts, 0) + 1}, i32);
-  at::Tensor row_map = at::empty(expert_ids.sizes(), i32);
-  at::Tensor permuted_probs = given(probs) ? at::empty({R}, x.options().dtype(at::kFloat)) : no_probs(x);
-  at::Tensor invalid = at::empty({1}, i32);  // always written by the routing
-  PermuteArgs a;
-  a.x = view(x);
-  a.expert_ids = view(expert_ids);
-  a.probs = view(probs);
-  a.experts = experts;
-  a.capacity = capacity;
-  a.offsets = view(offsets);
-  a.permuted_x = view(permuted_x);
-  a.row_map = view(row_map);
-  if (given(probs)) a.permuted_probs = view(permuted_probs);
-  a.invalid = view(invalid);
-  a.zero_unused_rows = true;
-  CallContext cc(x);
-  mxmoe::permute_tokens(cc.get(), a);
-  return {permuted_x, offsets, row_map, permuted_probs, invalid};
+  PermuteCall c = begin_permute("permute_tokens", x_in, expert_ids_in, probs_in, experts, capacity);
+  at::Tensor permuted_x = at::empty({c.R, c.H}, c.x.options());
+  c.args.permuted_x = view(permuted_x);
+  CallContext cc(c.x);
+  mxmoe::permute_tokens(cc.get(), c.args);
+  return {permuted_x, c.offsets, c.row_map, c.permuted_probs, c.invalid};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 permute_tokens_mxfp8(const at::Tensor& x_in, const at::Tensor& expert_ids_in, const std::optional<at::Tensor>& probs_in,
                      int64_t experts, int64_t capacity, bool zero_unused_rows) {
-  DeviceCheck("permute_tokens_mxfp8").add("x", x_in).add("expert_ids", expert_ids_in).add("probs", probs_in).check();
-  TORCH_CHECK(x_in.dim() == 2, "mxmoe: permute_tokens_mxfp8: x must be [T, H], got shape ", x_in.sizes());
-  TORCH_CHECK(expert_ids_in.dim() == 2, "mxmoe: permute_tokens_mxfp8: expert_ids must be [T, K], got shape ",
-              expert_ids_in.sizes());
-  const at::Tensor x = x_in.contiguous(), expert_ids = expert_ids_in.contiguous();
-  const std::optional<at::Tensor> probs = contiguous(probs_in);
-  const int64_t T = x.size(0), H = x.size(1), K = expert_ids.size(1);
-  const int64_t R = std::max<int64_t>(0, permuted_rows_bound(T, K, experts, capacity));
-  const int64_t E = std::max<int64_t>(experts, 0);
-  const at::TensorOptions i32 = x.options().dtype(at::kInt), u8 = x.options().dtype(at::kByte);
-  const at::TensorOptions e4m3 = x.options().dtype(at::kFloat8_e4m3fn);
-  at::Tensor offsets = at::empty({E + 1}, i32);
-  at::Tensor row_map = at::empty(expert_ids.sizes(), i32);
-  at::Tensor permuted_probs = given(probs) ? at::empty({R}, x.options().dtype(at::kFloat)) : no_probs(x);
-  at::Tensor invalid = at::empty({1}, i32);
+  PermuteCall c = begin_permute("permute_tokens_mxfp8", x_in, expert_ids_in, probs_in, experts, capacity);
+  const int64_t R = c.R, H = c.H;
+  const at::TensorOptions u8 = c.x.options().dtype(at::kByte), e4m3 = c.x.options().dtype(at::kFloat8_e4m3fn);
   // The library leaves the data rows past offsets[E] untouched: zeroed here when asked (a layer run
   // on all R rows, as the MoE block with a capacity does, reads them as the last group's zero rows).
   // Scales are zeroed: the library writes every byte of a kept row's block, padding as 0.
   at::Tensor x_row = zero_unused_rows ? at::zeros({R, H}, e4m3) : at::empty({R, H}, e4m3);
   at::Tensor x_col = zero_unused_rows ? at::zeros({R, H}, e4m3) : at::empty({R, H}, e4m3);
   at::Tensor x_row_scales = at::zeros({rowwise_scales(R, H)}, u8);
-  at::Tensor x_col_scales = at::zeros({colwise_scales(R, H, E)}, u8);
-  PermuteArgs a;
-  a.x = view(x);
-  a.expert_ids = view(expert_ids);
-  a.probs = view(probs);
-  a.experts = experts;
-  a.capacity = capacity;
-  a.offsets = view(offsets);
-  a.row_map = view(row_map);
-  if (given(probs)) a.permuted_probs = view(permuted_probs);
-  a.invalid = view(invalid);
-  a.zero_unused_rows = true;  // permuted_probs past offsets[E]: probability 0
+  at::Tensor x_col_scales = at::zeros({colwise_scales(R, H, c.E)}, u8);
   at::Tensor permuted_x;
   if (R == 0) {
     // No rows to quantize (T = 0, or a capacity of 0): a [0, H] bf16 output, so the routing still
     // writes offsets, row_map and invalid.
-    permuted_x = at::empty({0, H}, x.options());
-    a.permuted_x = view(permuted_x);
+    permuted_x = at::empty({0, H}, c.x.options());
+    c.args.permuted_x = view(permuted_x);
   } else {
     // The layers' scale layout (compact, Options' default): what grouped_mlp_forward_prequantized reads.
-    a.rowwise = mx_view(x_row, x_row_scales, BlockAxis::row, ScaleLayout::compact);
-    a.colwise = mx_view(x_col, x_col_scales, BlockAxis::col, ScaleLayout::compact);
+    c.args.rowwise = mx_view(x_row, x_row_scales, BlockAxis::row, ScaleLayout::compact);
+    c.args.colwise = mx_view(x_col, x_col_scales, BlockAxis::col, ScaleLayout::compact);
   }
-  CallContext cc(x);
-  mxmoe::permute_tokens(cc.get(), a);
-  return {offsets, row_map, permuted_probs, invalid, x_row, x_row_scales, x_col, x_col_scales};
+  CallContext cc(c.x);
+  mxmoe::permute_tokens(cc.get(), c.args);
+  return {c.offsets, c.row_map, c.permuted_probs, c.invalid, x_row, x_row_scales, x_col, x_col_scales};
 }
 
 std::tuple<at::Tensor, at::Tensor> unpermute_tokens(const at::Tensor& permuted_y_in, const at::Tensor& row_map_in,

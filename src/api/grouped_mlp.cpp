@@ -51,6 +51,88 @@ Operand bf16_op(const TensorView& t) { return Operand{t, {}}; }
 Operand mx_op(const Mxfp8View& v) { return Operand{{}, v}; }
 ExpertOperand bf16_operand(const ExpertMatrices& w) { return ExpertOperand{w, {}, {}}; }
 
+// ---- Per-call MXFP8 weights kept only as a bf16 copy ----
+// Where the backend that dispatch picks for a weight's GEMM reads MXFP8 weights from their bf16 copy
+// (Backend::reads_weight_copies: cuda_sm90, whose MXFP8 GEMMs compute in BF16), the per-call weight
+// is quantized straight into that copy (a QuantizeExpertsStep with `dequantized` only), made just
+// before its quantize step and freed after its GEMM (PlannedSteps::add_weight_copy): no FP8 weight
+// bytes are kept, and one copy is alive at a time, as the FP8 route's GEMM holds its transient
+// one. Values are those of the FP8 route (the GEMM dequantizing an FP8 copy), so results are
+// bit-identical. MXMOE_SM90_MX_WEIGHTS=fp8 keeps the FP8 route.
+
+// Copy-only MXFP8 weights [E, rows, cols]: shape, dtype e4m3 and device, no FP8 bytes; the bf16
+// copy's address is filled when the copy is made.
+OwnedExpertMxfp8 copy_only_weights(Device d, int64_t experts, int64_t rows, int64_t cols, BlockAxis axis,
+                                   ScaleLayout layout) {
+  OwnedExpertMxfp8 o;
+  o.operand.data.dense = TensorView::of(nullptr, DType::e4m3, {experts, rows, cols}, d);
+  o.operand.data.dtype = DType::e4m3;
+  o.operand.layout = layout;
+  o.operand.dequantized.dense = TensorView::of(nullptr, DType::bf16, {experts, rows, cols}, d);
+  o.operand.dequantized.dtype = DType::bf16;
+  o.experts = experts;
+  o.rows = rows;
+  o.cols = cols;
+  o.axis = axis;
+  return o;
+}
+
+// Whether a GEMM step given copy-only weights runs there: the backend dispatch would pick for it
+// with FP8 weights reads copies.
+bool takes_weight_copy(const Context& ctx, const LayerStep& step) {
+  if (sm90_mx_weights_fp8()) return false;
+  MGemmStep g = step.gemm_m();
+  g.b_copy_only = false;
+  StepQuery q = step.query;
+  q.gemm_m = &g;
+  const Backend* b = would_select(ctx, q);
+  return b != nullptr && b->reads_weight_copies();
+}
+
+// `args` with one member replaced.
+template <class Args, class Member, class Value>
+Args with(Args args, Member Args::*member, const Value& value) {
+  args.*member = value;
+  return args;
+}
+
+LayerStep reading_copy(LayerStep step, bool copy_only) {
+  std::get<MGemmStep>(step.args).b_copy_only = copy_only;
+  return step;
+}
+
+// The per-call weights of one call's two GEMMs (W1 [E, 2F, H] and W2 [E, H, F], blocks along
+// `axis`): FP8 copies, or copy-only operands where the GEMM takes them. `w1_step` / `w2_step` build
+// the GEMM steps from a weight operand (to ask dispatch).
+struct PerCallWeights {
+  OwnedExpertMxfp8 w1, w2;
+  bool copy1 = false, copy2 = false;
+};
+template <class W1Step, class W2Step>
+PerCallWeights per_call_weights(const Context& ctx, const Problem& p, const QuantSpec& q, Device d, BlockAxis axis,
+                                W1Step w1_step, W2Step w2_step) {
+  const Options& o = ctx.options();
+  const int64_t E = p.experts, H = p.hidden, F = p.ffn;
+  PerCallWeights w;
+  if (q.format == QuantFormat::mxfp8) {
+    w.copy1 = takes_weight_copy(ctx, w1_step(copy_only_weights(d, E, 2 * F, H, axis, q.layout).operand));
+    w.copy2 = takes_weight_copy(ctx, w2_step(copy_only_weights(d, E, H, F, axis, q.layout).operand));
+  }
+  w.w1 = w.copy1 ? copy_only_weights(d, E, 2 * F, H, axis, q.layout) : make_expert_quant(o, d, q, E, 2 * F, H, axis);
+  w.w2 = w.copy2 ? copy_only_weights(d, E, H, F, axis, q.layout) : make_expert_quant(o, d, q, E, H, F, axis);
+  return w;
+}
+
+// Frees the library's own buffers of an MXFP8 tensor once steps[after] has run (borrowed ones: no-op).
+void release_after(PlannedSteps& steps, size_t after, OwnedMxfp8& t) {
+  steps.release_after(after, std::move(t.data));
+  steps.release_after(after, std::move(t.scales));
+}
+void release_after(PlannedSteps& steps, size_t after, OwnedExpertMxfp8& w) {
+  steps.release_after(after, std::move(w.data));
+  steps.release_after(after, std::move(w.scales));
+}
+
 std::unique_ptr<SavedImpl> new_saved(const Problem& p, const ForwardArgs& refs, int64_t T, Device d) {
   auto s = std::make_unique<SavedImpl>();
   static_cast<StateOrigin&>(*s) = {p, T, d};
@@ -72,6 +154,20 @@ WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, 
 
 // ---- Memory: estimated before the first allocation, failures reported with the estimate ----
 
+// The per-call weights of one call: FP8 copies of W1 and W2, or (the copy route) one bf16 copy at a
+// time, plus the FP8 scratch its quantize step takes where the fused kernel does not apply
+// (per-expert or unaligned weights); the larger of the two, since the route is chosen per GEMM
+// after this estimate.
+int64_t per_call_weight_bytes(const Problem& p, const QuantSpec& q, BlockAxis axis) {
+  const int64_t E = p.experts, H = p.hidden, F = p.ffn;
+  const char* what = "memory";
+  const int64_t w1 = expert_quant_bytes(q, E, 2 * F, H, axis, what);
+  const int64_t fp8 = checked_add(w1, expert_quant_bytes(q, E, H, F, axis, what), what);
+  if (q.format != QuantFormat::mxfp8) return fp8;
+  const int64_t copy = checked_add(w1, checked_mul({E, 2 * F, H, 2}, what), what);
+  return fp8 > copy ? fp8 : copy;
+}
+
 // The library memory forward_impl allocates below (same sizes as layer_state.h's make_* functions).
 int64_t forward_memory(const Problem& p, int64_t T, bool into, bool prepared, bool prequantized) {
   const int64_t E = p.experts, H = p.hidden, F = p.ffn;
@@ -85,10 +181,7 @@ int64_t forward_memory(const Problem& p, int64_t T, bool into, bool prepared, bo
       add(quant_bytes(q, T, H, BlockAxis::row, E, what));             // x_row
       if (!into) add(quant_bytes(q, T, H, BlockAxis::col, E, what));  // x_col
     }
-    if (!prepared) {
-      add(expert_quant_bytes(q, E, 2 * F, H, BlockAxis::row, what));  // w1q
-      add(expert_quant_bytes(q, E, H, F, BlockAxis::row, what));      // w2q
-    }
+    if (!prepared) add(per_call_weight_bytes(p, q, BlockAxis::row));
     add(quant_bytes(q, T, F, BlockAxis::row, E, what));               // a_row
     if (!into) add(quant_bytes(q, T, F, BlockAxis::col, E, what));    // a_col
   } else if (!into) {
@@ -108,10 +201,9 @@ int64_t backward_memory(const Problem& p, int64_t T, bool into, bool prepared) {
   if (p.recipe != Recipe::bf16) {
     add(quant_bytes(q, T, H, BlockAxis::row, E, what));                // dy_row
     if (!into) add(quant_bytes(q, T, H, BlockAxis::col, E, what));     // dy_col
-    if (!prepared) add(expert_quant_bytes(q, E, H, F, BlockAxis::col, what));  // w2q
+    if (!prepared) add(per_call_weight_bytes(p, q, BlockAxis::col));
     add(quant_bytes(q, T, 2 * F, BlockAxis::row, E, what));            // dc_row
     if (!into) add(quant_bytes(q, T, 2 * F, BlockAxis::col, E, what)); // dc_col
-    if (!prepared) add(expert_quant_bytes(q, E, 2 * F, H, BlockAxis::col, what));  // w1q
   } else if (!into) {
     add(tensor_bytes(DType::bf16, {T, 2 * F}, what));  // dc
   }
@@ -159,26 +251,32 @@ SavedState forward_run(Context& ctx, const Problem& p, const ForwardArgs& a, con
 
   s->c = into ? borrowed(into->c) : make_tensor(o, d, DType::bf16, {T, 2 * F});
   OwnedMxfp8 x_row, a_row;
-  OwnedExpertMxfp8 w1q, w2q;
+  PerCallWeights weights;
   Fc1FpropArgs fc1{.x = bf16_op(a.x), .w1 = bf16_operand(a.w1), .offsets = a.offsets, .b1 = a.b1, .probs = a.probs,
                    .c = s->c.view};
   Fc2FpropArgs fc2{.w2 = bf16_operand(a.w2), .offsets = a.offsets, .b2 = a.b2, .probs = a.probs, .y = a.y};
+  const bool quantize_weights = mx && !a.prepared;
   if (mx) {
     if (!pre) x_row = make_quant(o, d, q, T, H, BlockAxis::row, E);
     s->x_col = pre    ? borrowed(a.x_col)
                : into ? borrowed(into->x_col)
                       : make_quant(o, d, q, T, H, BlockAxis::col, E);
-    if (!a.prepared) {
-      w1q = make_expert_quant(o, d, q, E, 2 * F, H, BlockAxis::row);
-      w2q = make_expert_quant(o, d, q, E, H, F, BlockAxis::row);
-    }
     a_row = make_quant(o, d, q, T, F, BlockAxis::row, E);
     s->a_col = into ? borrowed(into->a_col) : make_quant(o, d, q, T, F, BlockAxis::col, E);
     fc1.x = mx_op(pre ? a.x_row : x_row.view);
-    fc1.w1 = a.prepared ? a.prepared->impl().w1_row.operand : w1q.operand;
     fc1.a = {.row = a_row.view, .col = s->a_col.view};
     fc2.a = mx_op(a_row.view);
-    fc2.w2 = a.prepared ? a.prepared->impl().w2_row.operand : w2q.operand;
+    if (a.prepared) {
+      fc1.w1 = a.prepared->impl().w1_row.operand;
+      fc2.w2 = a.prepared->impl().w2_row.operand;
+    } else {
+      weights = per_call_weights(
+          ctx, p, q, d, BlockAxis::row,
+          [&](const ExpertOperand& w1) { return fc1_fprop(p, with(fc1, &Fc1FpropArgs::w1, w1)); },
+          [&](const ExpertOperand& w2) { return fc2_fprop(p, with(fc2, &Fc2FpropArgs::w2, w2)); });
+      fc1.w1 = weights.w1.operand;
+      fc2.w2 = weights.w2.operand;
+    }
   } else {
     s->a_bf16 = into ? borrowed(into->a) : make_tensor(o, d, DType::bf16, {T, F});
     fc1.a.bf16 = s->a_bf16.view;
@@ -186,13 +284,21 @@ SavedState forward_run(Context& ctx, const Problem& p, const ForwardArgs& a, con
   }
 
   std::vector<LayerStep> steps;
-  const bool quantize_weights = mx && !a.prepared;
   if (mx && !pre) steps.push_back(quantize_x({a.x, a.offsets, x_row.view, s->x_col.view, q.pow2_scales}));
-  if (quantize_weights) steps.push_back(quantize_w1(w1q.quantize_from(a.w1)));
-  steps.push_back(fc1_fprop(p, fc1));
-  if (quantize_weights) steps.push_back(quantize_w2(w2q.quantize_from(a.w2)));
-  steps.push_back(fc2_fprop(p, fc2));
-  PlannedSteps(ctx, std::move(steps)).run();
+  const size_t quantize1 = steps.size();
+  if (quantize_weights) steps.push_back(quantize_w1(weights.w1.quantize_from(a.w1)));
+  const size_t gemm1 = steps.size();
+  steps.push_back(reading_copy(fc1_fprop(p, fc1), weights.copy1));
+  const size_t quantize2 = steps.size();
+  if (quantize_weights) steps.push_back(quantize_w2(weights.w2.quantize_from(a.w2)));
+  const size_t gemm2 = steps.size();
+  steps.push_back(reading_copy(fc2_fprop(p, fc2), weights.copy2));
+  PlannedSteps planned(ctx, std::move(steps));
+  if (weights.copy1) planned.add_weight_copy(quantize1, gemm1);
+  if (weights.copy2) planned.add_weight_copy(quantize2, gemm2);
+  release_after(planned, gemm1, x_row);
+  release_after(planned, gemm1, weights.w1);
+  planned.run();
   return SavedState(std::move(s));
 }
 
@@ -236,7 +342,7 @@ WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, 
   auto w = new_wgrad(p, r.offsets, T, d);
 
   OwnedMxfp8 dy_row, dc_row;
-  OwnedExpertMxfp8 w2q, w1q;
+  PerCallWeights weights;
   OwnedTensor dprob_add;
   if (p.fc2_bias && p.scale_fc2_bias) dprob_add = make_tensor(o, d, DType::f32, {T});
   Fc2DgradArgs fc2{.dy = bf16_op(a.dy), .w2 = bf16_operand(r.w2), .offsets = r.offsets, .probs = r.probs,
@@ -245,18 +351,26 @@ WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, 
   Fc1DgradArgs fc1{.w1 = bf16_operand(r.w1), .offsets = r.offsets, .dx = a.dx};
   // The wgrad operands, viewed where they are now (forward's saved ones move into w after the dgrads).
   WgradOperands wops{bf16_op(a.dy), bf16_op(s.a_bf16.view), {}, bf16_op(r.x)};
+  const bool quantize_weights = mx && !a.prepared;
   if (mx) {
     dy_row = make_quant(o, d, q, T, H, BlockAxis::row, E);
     w->dy_col = into ? borrowed(into->dy_col) : make_quant(o, d, q, T, H, BlockAxis::col, E);
-    if (!a.prepared) w2q = make_expert_quant(o, d, q, E, H, F, BlockAxis::col);
     dc_row = make_quant(o, d, q, T, 2 * F, BlockAxis::row, E);
     w->dc_col = into ? borrowed(into->dc_col) : make_quant(o, d, q, T, 2 * F, BlockAxis::col, E);
-    if (!a.prepared) w1q = make_expert_quant(o, d, q, E, 2 * F, H, BlockAxis::col);
     fc2.dy = mx_op(dy_row.view);
-    fc2.w2 = a.prepared ? a.prepared->impl().w2_dgrad() : w2q.operand;
     fc2.dc = {.row = dc_row.view, .col = w->dc_col.view};
     fc1.dc = mx_op(dc_row.view);
-    fc1.w1 = a.prepared ? a.prepared->impl().w1_dgrad() : w1q.operand;
+    if (a.prepared) {
+      fc2.w2 = a.prepared->impl().w2_dgrad();
+      fc1.w1 = a.prepared->impl().w1_dgrad();
+    } else {
+      weights = per_call_weights(
+          ctx, p, q, d, BlockAxis::col,
+          [&](const ExpertOperand& w1) { return fc1_dgrad(p, with(fc1, &Fc1DgradArgs::w1, w1)); },
+          [&](const ExpertOperand& w2) { return fc2_dgrad(p, with(fc2, &Fc2DgradArgs::w2, w2)); });
+      fc2.w2 = weights.w2.operand;
+      fc1.w1 = weights.w1.operand;
+    }
     wops = {mx_op(w->dy_col.view), mx_op(s.a_col.view), mx_op(w->dc_col.view), mx_op(s.x_col.view)};
   } else {
     w->dy_bf16 = a.dy;
@@ -271,14 +385,28 @@ WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, 
   if (p.fc2_bias)
     steps.push_back(fc2_bias_grads(p, {.dy = a.dy, .offsets = r.offsets, .probs = r.probs, .b2 = r.b2,
                                        .db2 = {a.grads.db2, a.grads.accumulate}, .dprob_add = dprob_add.view}));
-  const bool quantize_weights = mx && !a.prepared;
-  if (quantize_weights) steps.push_back(quantize_w2(w2q.quantize_from(r.w2)));
-  steps.push_back(fc2_dgrad(p, fc2));
-  if (quantize_weights) steps.push_back(quantize_w1(w1q.quantize_from(r.w1)));
-  steps.push_back(fc1_dgrad(p, fc1));
+  const size_t quantize2 = steps.size();
+  if (quantize_weights) steps.push_back(quantize_w2(weights.w2.quantize_from(r.w2)));
+  const size_t gemm2 = steps.size();
+  steps.push_back(reading_copy(fc2_dgrad(p, fc2), weights.copy2));
+  const size_t quantize1 = steps.size();
+  if (quantize_weights) steps.push_back(quantize_w1(weights.w1.quantize_from(r.w1)));
+  const size_t gemm1 = steps.size();
+  steps.push_back(reading_copy(fc1_dgrad(p, fc1), weights.copy1));
   PlannedSteps dgrad(ctx, std::move(steps));
   std::optional<PlannedSteps> wgrad;
   if (a.wgrad == WgradMode::now) wgrad.emplace(ctx, wgrad_steps(p, r.offsets, wops, a.grads));
+  // What only FC2's dgrad reads is freed once it has run (C among it: from here the state is
+  // consumed, even should a later step fail), what only FC1's dgrad reads once that has run.
+  if (weights.copy2) dgrad.add_weight_copy(quantize2, gemm2);
+  if (weights.copy1) dgrad.add_weight_copy(quantize1, gemm1);
+  s.consumed = true;
+  dgrad.release_after(gemm2, std::move(s.c.buf));
+  dgrad.release_after(gemm2, std::move(dprob_add.buf));
+  release_after(dgrad, gemm2, dy_row);
+  release_after(dgrad, gemm2, weights.w2);
+  release_after(dgrad, gemm1, dc_row);
+  release_after(dgrad, gemm1, weights.w1);
   dgrad.run();
 
   // The wgrad operands move from the saved state.
@@ -290,7 +418,6 @@ WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, 
     w->a_bf16 = std::move(s.a_bf16);
   }
   s.c = OwnedTensor{};
-  s.consumed = true;
   if (wgrad) {
     wgrad->run();
     return WgradState();

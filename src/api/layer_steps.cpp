@@ -1,6 +1,7 @@
 // The grouped MLP's steps (src/api/layer_steps.h).
 #include "src/api/layer_steps.h"
 
+#include <string>
 #include <utility>
 
 namespace mxmoe::detail {
@@ -68,9 +69,12 @@ LayerStep quantize_weights(const char* row_label, const char* col_label, const Q
   const double n = static_cast<double>(s.experts * s.rows * s.cols);
   // fp8_block weights have one copy (128x128 blocks) for fprop and dgrad: the row label.
   const bool row = s.axis == BlockAxis::row || s.format == QuantFormat::fp8_block;
+  // bf16 read, e4m3 written; a bf16 copy (prepare_weights', or the only output of a per-call copy)
+  // reads the e4m3 back and writes bf16.
+  const double copy = s.dequantized.rank > 0 ? 1.0 + kBf16Bytes : 0.0;
   return {row ? row_label : col_label,
           {Step::quantize_experts, d, recipe_of(s.format), s.rows, s.cols},
-          {0, n * (kBf16Bytes + 1.0)},
+          {0, n * (kBf16Bytes + 1.0 + copy)},
           s};
 }
 
@@ -112,8 +116,34 @@ PlannedSteps::PlannedSteps(Context& ctx, std::vector<LayerStep> steps) : ctx_(ct
   for (const LayerStep& s : steps_) backends_.push_back(&plan(ctx_, s));
 }
 
+void PlannedSteps::add_weight_copy(size_t quantize, size_t gemm) {
+  const bool ok = quantize < gemm && gemm < steps_.size() &&
+                  std::holds_alternative<QuantizeExpertsStep>(steps_[quantize].args) &&
+                  std::holds_alternative<MGemmStep>(steps_[gemm].args) && steps_[gemm].gemm_m().b_copy_only &&
+                  steps_[quantize].quantize_experts().data.data == nullptr;
+  if (!ok) throw Error("internal", "add_weight_copy: not a quantize step and a later copy-reading GEMM step");
+  copies_.push_back({quantize, gemm});
+}
+
+void PlannedSteps::release_after(size_t after, Buffer buffer) {
+  if (after >= steps_.size()) throw Error("internal", "release_after: no step " + std::to_string(after));
+  releases_.emplace_back(after, std::move(buffer));
+}
+
 void PlannedSteps::run() {
-  for (size_t i = 0; i < steps_.size(); ++i) detail::run(ctx_, *backends_[i], steps_[i]);
+  const Options& o = ctx_.options();
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    for (const Copy& c : copies_) {
+      if (c.quantize != i) continue;
+      auto& q = std::get<QuantizeExpertsStep>(steps_[i].args);
+      Buffer copy = allocate(q.dequantized.device, q.dequantized.bytes(), o.stream, o.allocator);
+      q.dequantized.data = copy.ptr;
+      std::get<MGemmStep>(steps_[c.gemm].args).gemm.b.dequantized.dense.data = copy.ptr;
+      releases_.emplace_back(c.gemm, std::move(copy));
+    }
+    detail::run(ctx_, *backends_[i], steps_[i]);
+    std::erase_if(releases_, [i](const std::pair<size_t, Buffer>& r) { return r.first == i; });
+  }
 }
 
 LayerStep quantize_x(const QuantizeArgs& args) { return quantize_activation("quantize_x", args); }

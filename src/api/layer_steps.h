@@ -49,12 +49,27 @@ void run(Context& ctx, Backend& backend, const LayerStep& step);
 class PlannedSteps {
  public:
   PlannedSteps(Context& ctx, std::vector<LayerStep> steps);
+  // A bf16 copy of MXFP8 weights made during the run: steps[quantize] is a QuantizeExpertsStep that
+  // writes only its `dequantized` [E, rows, cols] (data null), steps[gemm] an MGemmStep with
+  // b_copy_only that reads it as gemm.b.dequantized. The copy is allocated on the context's stream
+  // just before steps[quantize] runs and freed (stream-ordered) once steps[gemm] has run, so a call
+  // holds only the copy of the GEMM that runs (as the FP8 route's GEMM holds its transient one).
+  // Both addresses are null until then.
+  void add_weight_copy(size_t quantize, size_t gemm);
+  // Frees `buffer` (stream-ordered) once steps[after] has run: every step that reads it is at or
+  // before `after`.
+  void release_after(size_t after, Buffer buffer);
   void run();  // every step, in order
 
  private:
   Context& ctx_;
   std::vector<LayerStep> steps_;
   std::vector<Backend*> backends_;
+  struct Copy {
+    size_t quantize, gemm;
+  };
+  std::vector<Copy> copies_;
+  std::vector<std::pair<size_t, Buffer>> releases_;
 };
 
 // ---- quantize steps (mxfp8 recipe) ----

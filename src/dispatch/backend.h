@@ -79,6 +79,12 @@ struct MGemmStep {
   TensorView dprob_add;              // optional f32 [T]
   GradOut db1;                       // glu_backward: db1_e = sum over the group's rows of fp32 dC
   bool pow2_scales = false;          // fp8_block out_row / out_col: power-of-two scales
+  // MXFP8 weights kept only as their bf16 copy (gemm.b.dequantized; gemm.b.data carries the shape,
+  // dtype e4m3 and device, with no bytes): the layer's per-call weights where the backend that
+  // serves the step reads copies (Backend::reads_weight_copies). Dispatch offers such a step only to
+  // those backends. The copy's address may be null while the step is planned (the layer makes the
+  // copy just before the step runs).
+  bool b_copy_only = false;
 };
 
 // The GEMM's N: 2F for glu_forward, F for glu_backward, the output's columns for store.
@@ -160,6 +166,9 @@ class Backend {
   virtual Probe probe_device(Device device) const = 0;
   // Can it run this particular step? Called only when probe_device() said yes.
   virtual Probe probe(const StepQuery& q) const = 0;
+  // Whether its m-grouped GEMMs read MXFP8 weights from their bf16 copy (ExpertOperand::dequantized)
+  // alone, so that a step may carry no FP8 weight bytes (MGemmStep::b_copy_only).
+  virtual bool reads_weight_copies() const { return false; }
 
   virtual void quantize(Context& ctx, const QuantizeArgs& a) = 0;
   virtual void dequantize(Context& ctx, const DequantizeArgs& a) = 0;
@@ -198,6 +207,8 @@ std::string backend_names();
 // Picks the backend for a step, honouring force/deny options, records the decision in the
 // context's report, and throws mxmoe::Error only when no backend can serve the step.
 Backend& select(Context& ctx, const StepQuery& q);
+// The backend select() would pick, or null; records nothing, never throws.
+Backend* would_select(const Context& ctx, const StepQuery& q);
 // Same, recorded under `label` (e.g. "fc1_fprop") instead of the generic step name.
 Backend& select(Context& ctx, const StepQuery& q, const std::string& label);
 

@@ -57,6 +57,29 @@ std::string backend_names() {
   return s;
 }
 
+namespace {
+// select()'s rule for one backend: allowed by the options, available on the device, taking the step.
+Probe offer(const Options& o, const Backend& b, const StepQuery& q) {
+  const std::string name = b.name();
+  for (const std::string& d : o.deny)
+    if (d == name) return {false, "denied by options/MXMOE_DENY"};
+  Probe p = b.probe_device(q.device);
+  if (p.available) p = b.probe(q);
+  if (p.available && q.gemm_m != nullptr && q.gemm_m->b_copy_only && !b.reads_weight_copies())
+    p = {false, "reads MXFP8 weights from their FP8 bytes, and this step carries only their bf16 copy"};
+  return p;
+}
+}  // namespace
+
+Backend* would_select(const Context& ctx, const StepQuery& q) {
+  const Options& o = ctx.options();
+  for (Backend* b : backends()) {
+    if (!o.backend.empty() && o.backend != b->name()) continue;
+    if (offer(o, *b, q).available) return b;
+  }
+  return nullptr;
+}
+
 Backend& select(Context& ctx, const StepQuery& q, const std::string& label) {
   const Options& o = ctx.options();
   StepRecord rec{label.empty() ? to_string(q.step) : label, "", {}};
@@ -64,10 +87,7 @@ Backend& select(Context& ctx, const StepQuery& q, const std::string& label) {
   for (Backend* b : backends()) {
     const std::string name = b->name();
     if (!o.backend.empty() && o.backend != name) continue;
-    bool denied = false;
-    for (const std::string& d : o.deny) denied |= d == name;
-    Probe p = denied ? Probe{false, "denied by options/MXMOE_DENY"} : b->probe_device(q.device);
-    if (p.available) p = b->probe(q);
+    const Probe p = offer(o, *b, q);
     if (!p.available) {
       rec.skipped.emplace_back(name, p.reason);
       why_not += (why_not.empty() ? "" : "; ") + name + ": " + p.reason;

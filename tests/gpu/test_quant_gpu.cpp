@@ -436,6 +436,16 @@ void check_quantize_experts(detail::Backend& backend, int64_t experts, int64_t r
     expect_same_bytes(d_data.download(), data, "expert data");
     expect_same_bytes(d_scales.download(), scales, "expert scales");
     expect_same_bytes(d_deq.download(), deq, "expert bf16 copy");
+    // Only the bf16 copy (the layer's per-call weights for cuda_sm90): the same bytes, no FP8 output.
+    DeviceTensor d_only(deq.view);
+    d_only.poison(kGpuPoison);
+    detail::QuantizeExpertsStep only = dev;
+    only.data = TensorView::of(nullptr, DType::e4m3, {experts, rows, cols}, d_only.view.device);
+    only.scales = TensorView{};
+    only.dequantized = d_only.view;
+    backend.quantize_experts(ctx, only);
+    cuda_ok(cudaDeviceSynchronize());
+    expect_same_bytes(d_only.download(), deq, "expert bf16 copy alone");
   }
 }
 #endif

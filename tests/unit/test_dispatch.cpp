@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <string>
+#include <tuple>
 
 #include "src/cpu/cpu_ops.h"
 #include "tests/layer_support.h"
@@ -73,6 +75,100 @@ TEST(Dispatch, MissingPreferredWgradKernelFallsBackWithoutException) {
   LayerOutputs ref = run_layer(cpu, Device{}, d);
   EXPECT_TRUE(bytes_equal(out.dw1.view, ref.dw1.view));
   EXPECT_TRUE(bytes_equal(out.y.view, ref.y.view));
+}
+
+// A backend that, like cuda_sm90, reads MXFP8 weights from their bf16 copy alone and takes only the
+// m-grouped GEMMs (the quantize steps run on the CPU). Its GEMM is the CPU's on the copy.
+class CopyReadingBackend final : public detail::Backend {
+ public:
+  int copy_gemms = 0, fp8_gemms = 0;
+  const char* name() const override { return "test_copy_reader"; }
+  detail::Probe probe_device(Device d) const override { return {d.type == DeviceType::cpu, "host only"}; }
+  detail::Probe probe(const detail::StepQuery& q) const override {
+    return {q.step == detail::Step::gemm_m, "m-grouped GEMMs only"};
+  }
+  bool reads_weight_copies() const override { return true; }
+  void quantize(Context&, const QuantizeArgs&) override { ADD_FAILURE() << "quantize"; }
+  void dequantize(Context&, const DequantizeArgs&) override { ADD_FAILURE() << "dequantize"; }
+  void quantize_experts(Context&, const detail::QuantizeExpertsStep&) override { ADD_FAILURE() << "quantize_experts"; }
+  void gemm_m(Context&, const detail::MGemmStep& s) override {
+    if (!s.b_copy_only) {
+      ++fp8_gemms;
+      return cpu::gemm_m(s);
+    }
+    ++copy_gemms;
+    EXPECT_EQ(s.gemm.b.data.dense.data, nullptr) << "a copy-only step carries no FP8 bytes";
+    EXPECT_EQ(s.gemm.b.scales.dense.data, nullptr);
+    EXPECT_NE(s.gemm.b.dequantized.dense.data, nullptr);
+    detail::MGemmStep t = s;
+    t.gemm.b = ExpertOperand{};
+    t.gemm.b.data = s.gemm.b.dequantized;
+    t.b_copy_only = false;
+    cpu::gemm_m(t);
+  }
+  void gemm_k(Context&, const KGroupedGemmArgs&) override { ADD_FAILURE() << "gemm_k"; }
+  void fc2_bias_grads(Context&, const detail::Fc2BiasGradStep&) override { ADD_FAILURE() << "fc2_bias_grads"; }
+  void route_tokens(Context&, const detail::RouteTokensStep&) override { ADD_FAILURE() << "route_tokens"; }
+  void permute_rows(Context&, const PermuteByMapArgs&) override { ADD_FAILURE() << "permute_rows"; }
+  void unpermute_rows(Context&, const UnpermuteArgs&) override { ADD_FAILURE() << "unpermute_rows"; }
+};
+
+// Where the GEMMs' backend reads weight copies, the layer's per-call MXFP8 weights go straight into
+// one shared bf16 copy (no FP8 weight bytes): same bytes out as the CPU's FP8 route, for both scale
+// layouts, dense and per-expert weights, now and deferred wgrad; MXMOE_SM90_MX_WEIGHTS=fp8 keeps FP8
+// operands; the bf16 and fp8_blockwise recipes are untouched.
+TEST(Dispatch, PerCallWeightsGoStraightToTheBf16CopyWhereTheGemmBackendReadsCopies) {
+  CopyReadingBackend reader;
+  for (ScaleLayout layout : {ScaleLayout::compact, ScaleLayout::swizzled}) {
+    for (WeightLayout wl : {WeightLayout::dense, WeightLayout::per_expert}) {
+      SCOPED_TRACE("layout " + std::to_string(static_cast<int>(layout)) + " weights " +
+                   std::to_string(static_cast<int>(wl)));
+      Problem p = small_problem(Recipe::mxfp8);
+      p.weight_layout = wl;
+      const LayerData d = make_layer_data(p, {10, 0, 23});
+      Options o;
+      o.scale_layout = layout;
+      Options cpu_only = o;
+      cpu_only.backend = "cpu";
+      Context cpu(cpu_only);
+      const LayerOutputs ref = run_layer(cpu, Device{}, d);
+      for (bool deferred : {false, true}) {
+        for (bool fp8_env : {false, true}) {
+          SCOPED_TRACE(std::string(deferred ? "deferred" : "now") + (fp8_env ? " MXMOE_SM90_MX_WEIGHTS=fp8" : ""));
+          if (fp8_env) setenv("MXMOE_SM90_MX_WEIGHTS", "fp8", 1);
+          reader.copy_gemms = reader.fp8_gemms = 0;
+          detail::register_backend(&reader);
+          Context ctx(o);
+          LayerOutputs out;
+          EXPECT_NO_THROW(out = run_layer(ctx, Device{}, d, RunConfig{.deferred_wgrad = deferred}));
+          detail::unregister_backend(&reader);
+          unsetenv("MXMOE_SM90_MX_WEIGHTS");
+          EXPECT_EQ(reader.copy_gemms, fp8_env ? 0 : 4);
+          EXPECT_EQ(reader.fp8_gemms, fp8_env ? 4 : 0);
+          EXPECT_EQ(find_step(out.report, "fc1_dgrad")->backend, "test_copy_reader");
+          EXPECT_EQ(find_step(out.report, "quantize_w1_col")->backend, "cpu");
+          for (auto [got, want, what] : {std::tuple{&out.y, &ref.y, "y"}, {&out.dx, &ref.dx, "dx"},
+                                         {&out.dprobs, &ref.dprobs, "dprobs"}, {&out.dw1, &ref.dw1, "dw1"},
+                                         {&out.dw2, &ref.dw2, "dw2"}, {&out.db1, &ref.db1, "db1"},
+                                         {&out.db2, &ref.db2, "db2"}})
+            EXPECT_TRUE(bytes_equal(got->view, want->view)) << what;
+        }
+      }
+    }
+  }
+  // The other routes never hand the reader a copy-only step.
+  for (Recipe r : {Recipe::bf16, Recipe::fp8_blockwise}) {
+    Problem p = small_problem(r);
+    p.pow2_scales = r == Recipe::fp8_blockwise;
+    const LayerData d = make_layer_data(p, {10, 0, 23});
+    reader.copy_gemms = reader.fp8_gemms = 0;
+    detail::register_backend(&reader);
+    Context ctx;
+    EXPECT_NO_THROW(run_layer(ctx, Device{}, d));
+    detail::unregister_backend(&reader);
+    EXPECT_EQ(reader.copy_gemms, 0) << to_string(r);
+    EXPECT_EQ(reader.fp8_gemms, 4) << to_string(r);
+  }
 }
 
 TEST(Dispatch, HostDataRunsOnCpuAndReportsWhyGpuBackendsWereSkipped) {

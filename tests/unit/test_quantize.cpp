@@ -488,6 +488,49 @@ TEST(QuantExperts, DenseAndPerExpertPointersAreBitIdenticalAndMatchQuantize) {
   }
 }
 
+// Only the bf16 copy asked for (data null: the layer's per-call weights where cuda_sm90 runs the
+// GEMMs) gives the same copy as quantizing with FP8 outputs and the copy, and writes all of it.
+TEST(QuantExperts, CopyAloneEqualsTheCopyOfTheFullQuantize) {
+  const int64_t experts = 3, rows = 70, cols = 96, elems = rows * cols;
+  HostTensor dense(DType::bf16, {experts, rows, cols});
+  for (int64_t e = 0; e < experts; ++e) {
+    const HostTensor m = varied_bf16(rows, cols);
+    std::memcpy(dense.ptr<uint16_t>() + e * elems, m.ptr<uint16_t>(), elems * 2);
+  }
+  for (BlockAxis axis : {BlockAxis::row, BlockAxis::col}) {
+    const int64_t bytes =
+        axis == BlockAxis::row ? rowwise_scale_bytes(rows, cols) : colwise_matrix_scale_bytes(rows, cols);
+    for (ScaleLayout layout : kLayouts) {
+      detail::QuantizeExpertsStep full;
+      full.src.dense = dense.view;
+      full.src.dtype = DType::bf16;
+      full.experts = experts;
+      full.rows = rows;
+      full.cols = cols;
+      full.axis = axis;
+      full.layout = layout;
+      HostTensor data(DType::e4m3, {experts, rows, cols}), scales(DType::e8m0, {experts, bytes});
+      HostTensor copy(DType::bf16, {experts, rows, cols});
+      copy.poison(0xA5);
+      full.data = data.view;
+      full.scales = scales.view;
+      full.dequantized = copy.view;
+      cpu::quantize_experts(full);
+      for (uint8_t poison : {0xA5, 0x5A}) {
+        HostTensor alone(DType::bf16, {experts, rows, cols});
+        alone.poison(poison);
+        detail::QuantizeExpertsStep only = full;
+        only.data = TensorView::of(nullptr, DType::e4m3, {experts, rows, cols});
+        only.scales = TensorView{};
+        only.dequantized = alone.view;
+        cpu::quantize_experts(only);
+        EXPECT_EQ(bytes_of(alone), bytes_of(copy)) << "axis " << static_cast<int>(axis) << " poison " << int{poison};
+      }
+      EXPECT_TRUE(std::any_of(copy.bytes.begin(), copy.bytes.end(), [](uint8_t b) { return b != 0; }));
+    }
+  }
+}
+
 TEST(QuantDeterminism, SameBytesForAnyThreadCount) {
   const std::vector<int> sizes{100, 1, 0, 155};
   const HostTensor offsets = test::offsets_from_sizes(sizes);

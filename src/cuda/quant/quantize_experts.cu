@@ -5,6 +5,7 @@
 // colwise_matrix_scale_bytes per expert). Same kernel as cuda::quantize, one grid row per expert.
 // Run: <build>/tests/mxmoe_gpu_tests --gtest_filter='*GpuQuant.QuantizeExperts*'
 #include "src/cuda/common/check.h"
+#include "src/cuda/common/workspace.h"
 #include "src/cuda/cuda_ops.h"
 #include "src/cuda/quant/quantize_kernel.cuh"
 
@@ -79,6 +80,107 @@ __global__ void __launch_bounds__(256) dequantize_experts_kernel(const uint8_t* 
   }
 }
 
+// The bf16 copy alone (QuantizeExpertsStep with `dequantized` only): each value quantized to E4M3
+// under its block's E8M0 scale by the quantizer's own quantize8 (quant_tile.cuh) and decoded back
+// to bf16 in registers as dequantize_experts_kernel decodes it, so the bytes equal quantize, then
+// dequantize, without the FP8 round trip through memory (bf16 read, bf16 written). Row-wise: one
+// thread per 1x32 block (cols % 32 == 0); column-wise: one thread per 32x1 block of 8 adjacent
+// columns (cols % 8 == 0), the matrix's last block partial. Dense 16-byte-aligned source and copy.
+
+// Eight E4M3 bytes (low byte first) under per-value scales -> eight bf16 values.
+template <class Scale>
+__device__ __forceinline__ uint4 dequant8(uint2 q, Scale scale) {
+  const uint32_t w[2] = {q.x, q.y};
+  uint32_t o[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    float lo, hi;
+    e4m3x2_f32(w[j / 2] >> (16 * (j % 2)), lo, hi);
+    o[j] = dequant_bf16(lo, scale(2 * j)) | (static_cast<uint32_t>(dequant_bf16(hi, scale(2 * j + 1))) << 16);
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+__global__ void __launch_bounds__(256) qdq_rowwise_kernel(const uint16_t* __restrict__ src, int64_t blocks,
+                                                          uint16_t* __restrict__ dst) {
+  for (int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; b < blocks;
+       b += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint4* in = reinterpret_cast<const uint4*>(src + b * kMxBlock);
+    uint32_t w[4][4];
+    float amax = 0.0f;  // fmaxf returns the non-NaN operand: NaN inputs are skipped, as in the quantizer
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint4 v = __ldg(in + q);
+      w[q][0] = v.x, w[q][1] = v.y, w[q][2] = v.z, w[q][3] = v.w;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) amax = fmaxf(fmaxf(amax, fabsf(quant::bf16_lo(w[q][j]))), fabsf(quant::bf16_hi(w[q][j])));
+    }
+    const uint8_t e = e8m0_from_amax(amax);
+    const float mult = e8m0_encode_multiplier(e), scale = e8m0_to_f32(e);
+    uint4* out = reinterpret_cast<uint4*>(dst + b * kMxBlock);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) out[q] = dequant8(quant::quantize8(w[q], mult), [&](int) { return scale; });
+  }
+}
+
+__global__ void __launch_bounds__(256) qdq_colwise_kernel(const uint16_t* __restrict__ src, int64_t experts,
+                                                          int64_t rows, int64_t cols, uint16_t* __restrict__ dst) {
+  const int64_t chunks = cols / 8, row_blocks = (rows + kMxBlock - 1) / kMxBlock;
+  const int64_t tasks = experts * row_blocks * chunks;
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < tasks;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t ch = t % chunks, eb = t / chunks;  // eb = e * row_blocks + row block
+    const int64_t e = eb / row_blocks, r0 = (eb - e * row_blocks) * kMxBlock;
+    const int64_t n = rows - r0 < kMxBlock ? rows - r0 : kMxBlock;
+    const int64_t at = (e * rows + r0) * cols + ch * 8;  // the block's first row, first column
+    float amax[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t r = 0; r < n; ++r) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(src + at + r * cols));
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        amax[2 * j] = fmaxf(amax[2 * j], fabsf(quant::bf16_lo(w[j])));
+        amax[2 * j + 1] = fmaxf(amax[2 * j + 1], fabsf(quant::bf16_hi(w[j])));
+      }
+    }
+    float mult[8], scale[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t e8 = e8m0_from_amax(amax[j]);
+      mult[j] = e8m0_encode_multiplier(e8);
+      scale[j] = e8m0_to_f32(e8);
+    }
+    for (int64_t r = 0; r < n; ++r) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(src + at + r * cols));
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      *reinterpret_cast<uint4*>(dst + at + r * cols) = dequant8(quant::quantize8(w, mult), [&](int j) { return scale[j]; });
+    }
+  }
+}
+
+// Launches the fused kernel where it applies; false: the caller takes the two-pass route.
+bool quantize_dequantize_experts(const detail::QuantizeExpertsStep& s, cudaStream_t stream) {
+  const bool row = s.axis == BlockAxis::row;
+  const auto* src = static_cast<const uint16_t*>(s.src.dense.data);
+  auto* dst = s.dequantized.ptr<uint16_t>();
+  const bool aligned = reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  if (s.src.per_expert() || !aligned || s.cols % (row ? kMxBlock : 8) != 0) return false;
+  const int64_t elems = s.experts * s.rows * s.cols;
+  if (elems == 0) return true;
+  int dev = 0, sms = 0;
+  MXMOE_CUDA_CHECK(cudaGetDevice(&dev));
+  MXMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int64_t tasks = row ? elems / kMxBlock : s.experts * ((s.rows + kMxBlock - 1) / kMxBlock) * (s.cols / 8);
+  const int64_t want = (tasks + 255) / 256, cap = 8L * sms;
+  const int blocks = static_cast<int>(want < cap ? want : cap);
+  if (row)
+    qdq_rowwise_kernel<<<blocks, 256, 0, stream>>>(src, tasks, dst);
+  else
+    qdq_colwise_kernel<<<blocks, 256, 0, stream>>>(src, s.experts, s.rows, s.cols, dst);
+  MXMOE_CUDA_CHECK(cudaGetLastError());
+  return true;
+}
+
 }  // namespace
 
 void dequantize_experts(const uint8_t* data, const uint8_t* scales, int64_t experts, int64_t rows, int64_t cols,
@@ -114,6 +216,21 @@ void quantize_experts(const detail::QuantizeExpertsStep& s, void* stream_ptr) {
   }
   const cudaStream_t stream = as_stream(stream_ptr);
   const bool row = s.axis == BlockAxis::row;
+  if (s.data.data == nullptr && s.dequantized.data != nullptr) {
+    // Only the bf16 copy is asked for (cuda_sm90's per-call weights): fused where it applies, else
+    // the FP8 bytes go to stream-ordered scratch that is freed once the copy is written.
+    if (quantize_dequantize_experts(s, stream)) return;
+    const int64_t elems = s.experts * s.rows * s.cols;
+    const int64_t per = row ? rowwise_scale_bytes(s.rows, s.cols) : colwise_matrix_scale_bytes(s.rows, s.cols);
+    const int64_t scale_bytes = s.experts * per;
+    Workspace tmp(Workspace::aligned(elems) + Workspace::aligned(scale_bytes), stream);
+    detail::QuantizeExpertsStep full = s;
+    const Device d = s.dequantized.device;
+    full.data = TensorView::of(tmp.take<uint8_t>(elems), DType::e4m3, {s.experts, s.rows, s.cols}, d);
+    full.scales = TensorView::of(tmp.take<uint8_t>(scale_bytes), DType::e8m0, {s.experts, per}, d);
+    if (s.experts > 0) quantize_experts(full, stream_ptr);
+    return;
+  }
   if (s.scales.bytes() > 0) {
     MXMOE_CUDA_CHECK(cudaMemsetAsync(s.scales.data, 0, static_cast<size_t>(s.scales.bytes()), stream));
   }

@@ -26,6 +26,8 @@ class CudaSm90Backend final : public detail::RefusingBackend {
   CudaSm90Backend()
       : RefusingBackend(*kBuildProblem ? kBuildProblem : "no sm90 kernel for this step; cuda_portable serves it") {}
   const char* name() const override { return "cuda_sm90"; }
+  // Its MXFP8 GEMMs compute in BF16 on the weights' bf16 copy (gemm_m.cu): the FP8 bytes are not read.
+  bool reads_weight_copies() const override { return true; }
 
   detail::Probe probe_device(Device d) const override {
     if (d.type != DeviceType::cuda) return {false, "data is in host memory"};

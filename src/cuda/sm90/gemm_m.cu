@@ -491,6 +491,8 @@ void gemm_m(const detail::MGemmStep& s0, void* stream_ptr) {
     return gemm_m_fp8_block(s0, stream_ptr, &sm90::gemm_m);
   }
   const MGroupedGemmArgs& g = s0.gemm;
+  if (s0.b_copy_only && (!g.b.is_mxfp8() || g.b.dequantized.dense.data == nullptr))
+    throw Error("b.dequantized", "a step with MXFP8 weights kept only as their bf16 copy needs that copy");
   const int64_t experts = g.offsets.experts();
   if (experts <= 0) return;
   const bool fused = fused_quantizing_epilogue(s0);

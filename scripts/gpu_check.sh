@@ -3,7 +3,7 @@
 # label included), compute-sanitizer memcheck and racecheck over the kernel tests, the main job on
 # its GPU default (dsv3), the benchmark and the torch peer beside it. Logs go to $OUT (or ./out).
 # GoogleTest is not installed there: carry a copy in .deps/gtest (see docs/gpu_machine.md).
-#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench|moe|fp8|fp8ncu|profile|repeat]...   (default: all but kernels, ncu, moe, fp8, fp8ncu, profile, repeat)
+#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench|moe|fp8|fp8ncu|profile|repeat|mxweights|ep]...   (default: all but kernels, ncu, moe, fp8, fp8ncu, profile, repeat, mxweights, ep)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-out}")
@@ -122,6 +122,46 @@ for s in $steps; do
       ncu -i /tmp/fp8ncu.ncu-rep --page source --csv --print-source sass 2>/dev/null | gzip >"$OUT/fp8ncu_sass.csv.gz"
       grep -E "grouped_gemm|Duration|SM Frequency|Compute \(SM\) Throughput|L2 Cache Throughput|Issue Slots Busy|No Eligible|pipeline" \
         "$OUT/fp8ncu_details.txt" | cut -c1-150 | head -24 ;;
+    mxweights)
+      # The MXFP8 per-call weights (session 15): the tests that run the copy route (quantize of the
+      # bf16 copy alone, every GPU layer / graph / dispatch test), memcheck over the quantize and
+      # mxfp8 layer tests, the GLU and layer tests with the 128-wide MXFP8 GLU backward
+      # (MXMOE_SM90_MX_GLU_BWD_N=128, several n-tiles), then `mxmoe bench --recipe mxfp8` on
+      # MXW_ARGS (default: every preset but small, both splits) with the copy route, with the FP8
+      # route (MXMOE_SM90_MX_WEIGHTS=fp8), and with the copy route again: $OUT/mxw_{copy,fp8,copy2}.json.
+      timeout 200 $B/tests/mxmoe_gpu_tests --gtest_filter='*GpuQuant*:*GpuLayer*:*GpuGraph*:*GpuDispatch*' \
+        >"$OUT/mxw_tests.log" 2>&1; rc=$?
+      summary "mxweights tests" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/mxw_tests.log" | tr '\n' ' ')"
+      grep -E '^\[  FAILED  \]|Failure$' "$OUT/mxw_tests.log" | head -20
+      timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/mxmoe_gpu_tests \
+        --gtest_filter='*GpuQuant.QuantizeExperts*:*GpuLayer*Mxfp8*/cuda_sm90' >"$OUT/mxw_memcheck.log" 2>&1; rc=$?
+      summary "mxweights memcheck" "rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/mxw_memcheck.log" | tail -1)"
+      MXMOE_SM90_MX_GLU_BWD_N=128 timeout 150 $B/tests/mxmoe_gpu_tests --gtest_filter='*GpuGlu*:*GpuLayer*' \
+        >"$OUT/mxw_bn128.log" 2>&1; rc=$?
+      summary "glu bwd 128 tests" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/mxw_bn128.log" | tr '\n' ' ')"
+      for run in copy fp8 copy2; do
+        env $([ $run = fp8 ] && echo MXMOE_SM90_MX_WEIGHTS=fp8) timeout 150 $B/mxmoe bench --recipe mxfp8 \
+          ${MXW_ARGS:-} --json "$OUT/mxw_$run.json" >"$OUT/mxw_$run.log" 2>&1
+        summary "mxfp8 bench ($run route)" "rc=$?"
+      done ;;
+    ep)
+      # Expert parallelism on two GPUs (kind nvidia-h200-x2; issue 12): the NCCL equality test of
+      # python/tests/test_ep.py, then bench/ep_bench.py (dispatch + combine against a raw
+      # all_to_all_single of the same bytes, the layer at EP=2 against one GPU; EP_ARGS adds options),
+      # NVLink multicast off. $OUT gets ep_bench.json, .md and .png.
+      if [ -f $B/python/libmxmoe_torch.so ]; then
+        export NCCL_NVLS_ENABLE=0
+        PYTHONPATH=python MXMOE_TORCH_LIBRARY="$PWD/$B/python/libmxmoe_torch.so" timeout 300 \
+          python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_ep.py >"$OUT/ep_test.log" 2>&1
+        summary "ep tests" "rc=$? $(tail -1 "$OUT/ep_test.log")"
+        [ -s .scratch/commit.txt ] && export MXMOE_TREE="$(cat .scratch/commit.txt) (from .scratch/commit.txt)"
+        PYTHONPATH=python MXMOE_TORCH_LIBRARY="$PWD/$B/python/libmxmoe_torch.so" PYTHONUNBUFFERED=1 timeout 300 \
+          python3 bench/ep_bench.py --out-dir "$OUT" ${EP_ARGS:-} >"$OUT/ep_bench.log" 2>&1
+        summary "ep bench" "rc=$?"
+        [ -f "$OUT/ep_bench.md" ] && head -60 "$OUT/ep_bench.md"
+      else
+        summary "ep" "skipped: the torch extension was not built (PyTorch not found at configure time)"
+      fi ;;
     repeat)
       # The layer GPU tests again and again on fresh random inputs (REPEAT_FILTER, default the
       # fp8_blockwise layer test on cuda_sm90; REPEAT_COUNT, default 10): a case that misses its

@@ -109,16 +109,19 @@ class MXMOE_API WgradState {
 struct WeightsArgs {
   ExpertMatrices w1;  // bf16 [E, 2F, H]
   ExpertMatrices w2;  // bf16 [E, H, F]
-  // Also keep BF16 copies of the dequantized weights (2 bytes per value per orientation, in bytes()),
-  // made only where cuda_sm90 serves the device: its MXFP8 GEMMs (and fp8_blockwise GEMMs with
-  // power-of-two scales: one copy per weight, not two) compute in BF16 and read them instead of
-  // turning the FP8 weights into a transient BF16 copy on every call. false: smallest.
+  // Keep BF16 copies of the dequantized weights (2 bytes per value per orientation, in bytes()) where
+  // the GEMMs compute in BF16 on them and do not read the FP8 bytes: mxfp8 where the device's backend
+  // reads weight copies (cuda_sm90), which then keeps the copies alone (a GEMM it refuses, e.g. for
+  // a call's unaligned activations, quantizes its weight in the call from the call's w1 / w2);
+  // fp8_blockwise with power-of-two scales where cuda_sm90 runs its GEMMs on the dequantized
+  // weights (one copy per weight, beside the FP8 bytes). false: the FP8 copies, smallest.
   bool bf16_copies = true;
 };
 
-// The MXFP8 copies of W1 and W2 the layer's GEMMs read (row-wise for fprop, column-wise for dgrad),
-// made once by prepare_weights() and passed to any number of forward()/backward() calls (through
-// ForwardArgs::prepared, BackwardArgs::prepared) while the weights do not change. Library memory
+// The MXFP8 copies of W1 and W2 the layer's GEMMs read (row-wise for fprop, column-wise for dgrad;
+// on cuda_sm90 their bf16 copies alone, WeightsArgs::bf16_copies), made once by prepare_weights()
+// and passed to any number of forward()/backward() calls (through ForwardArgs::prepared,
+// BackwardArgs::prepared) while the weights do not change. Library memory
 // (the context's allocator). For Recipe::bf16 it holds nothing (bytes() == 0): that recipe reads the
 // weights as given. Movable, not copyable.
 class MXMOE_API PreparedWeights {

@@ -51,31 +51,17 @@ Operand bf16_op(const TensorView& t) { return Operand{t, {}}; }
 Operand mx_op(const Mxfp8View& v) { return Operand{{}, v}; }
 ExpertOperand bf16_operand(const ExpertMatrices& w) { return ExpertOperand{w, {}, {}}; }
 
-// ---- Per-call MXFP8 weights kept only as a bf16 copy ----
-// Where the backend that dispatch picks for a weight's GEMM reads MXFP8 weights from their bf16 copy
-// (Backend::reads_weight_copies: cuda_sm90, whose MXFP8 GEMMs compute in BF16), the per-call weight
-// is quantized straight into that copy (a QuantizeExpertsStep with `dequantized` only), made just
-// before its quantize step and freed after its GEMM (PlannedSteps::add_weight_copy): no FP8 weight
-// bytes are kept, and one copy is alive at a time, as the FP8 route's GEMM holds its transient
-// one. Values are those of the FP8 route (the GEMM dequantizing an FP8 copy), so results are
-// bit-identical. MXMOE_SM90_MX_WEIGHTS=fp8 keeps the FP8 route.
-
-// Copy-only MXFP8 weights [E, rows, cols]: shape, dtype e4m3 and device, no FP8 bytes; the bf16
-// copy's address is filled when the copy is made.
-OwnedExpertMxfp8 copy_only_weights(Device d, int64_t experts, int64_t rows, int64_t cols, BlockAxis axis,
-                                   ScaleLayout layout) {
-  OwnedExpertMxfp8 o;
-  o.operand.data.dense = TensorView::of(nullptr, DType::e4m3, {experts, rows, cols}, d);
-  o.operand.data.dtype = DType::e4m3;
-  o.operand.layout = layout;
-  o.operand.dequantized.dense = TensorView::of(nullptr, DType::bf16, {experts, rows, cols}, d);
-  o.operand.dequantized.dtype = DType::bf16;
-  o.experts = experts;
-  o.rows = rows;
-  o.cols = cols;
-  o.axis = axis;
-  return o;
-}
+// ---- MXFP8 weights kept only as a bf16 copy ----
+// cuda_sm90's MXFP8 GEMMs compute in BF16 on the weights' bf16 copy and never read their FP8 bytes
+// (Backend::reads_weight_copies). So where the backend dispatch picks for a weight's GEMM reads
+// copies, the weight is kept as that copy alone (make_expert_copy_only): quantized in the call
+// straight into a copy made just before its quantize step and freed after its GEMM
+// (PlannedSteps::add_weight_copy; one copy alive at a time, as the FP8 route's GEMM holds its
+// transient one), or prepared so by prepare_weights. Values are those of the FP8 route (the GEMM
+// dequantizing an FP8 copy), so results are bit-identical. A prepared copy that no copy reader takes
+// (a step refused for its activations, a forced backend) is not an error: that GEMM's weight is
+// quantized in the call from the call's w1 / w2. MXMOE_SM90_MX_WEIGHTS=fp8 keeps FP8 per-call
+// weights.
 
 // Whether a GEMM step given copy-only weights runs there: the backend dispatch would pick for it
 // with FP8 weights reads copies.
@@ -87,6 +73,15 @@ bool takes_weight_copy(const Context& ctx, const LayerStep& step) {
   q.gemm_m = &g;
   const Backend* b = would_select(ctx, q);
   return b != nullptr && b->reads_weight_copies();
+}
+
+// Whether a backend that reads copies takes a GEMM step whose weights are a copy alone.
+bool copy_reader_takes(const Context& ctx, const LayerStep& step) {
+  MGemmStep g = step.gemm_m();
+  g.b_copy_only = true;
+  StepQuery q = step.query;
+  q.gemm_m = &g;
+  return would_select(ctx, q) != nullptr;
 }
 
 // `args` with one member replaced.
@@ -101,25 +96,36 @@ LayerStep reading_copy(LayerStep step, bool copy_only) {
   return step;
 }
 
-// The per-call weights of one call's two GEMMs (W1 [E, 2F, H] and W2 [E, H, F], blocks along
-// `axis`): FP8 copies, or copy-only operands where the GEMM takes them. `w1_step` / `w2_step` build
-// the GEMM steps from a weight operand (to ask dispatch).
-struct PerCallWeights {
-  OwnedExpertMxfp8 w1, w2;
-  bool copy1 = false, copy2 = false;
+// What one GEMM of a call reads as its weights.
+struct CallWeight {
+  OwnedExpertMxfp8 own;        // quantized in the call (empty when a prepared operand is read)
+  ExpertOperand operand;       // what the GEMM reads
+  bool quantize = false;       // a quantize step fills `own`
+  bool copy_only = false;      // the GEMM reads a copy alone (MGemmStep::b_copy_only)
+  bool made_at_run = false;    // that copy is made by PlannedSteps::add_weight_copy
 };
-template <class W1Step, class W2Step>
-PerCallWeights per_call_weights(const Context& ctx, const Problem& p, const QuantSpec& q, Device d, BlockAxis axis,
-                                W1Step w1_step, W2Step w2_step) {
+
+// The weight [E, rows, cols] (blocks along `axis`) of the GEMM that `gemm_step` builds from a weight
+// operand: the prepared one where given and taken, else quantized in the call (copy-only where a
+// copy reader takes the GEMM, else FP8).
+template <class GemmStep>
+CallWeight call_weight(const Context& ctx, const Problem& p, const QuantSpec& q, Device d, BlockAxis axis,
+                       int64_t rows, int64_t cols, const ExpertOperand* prepared, GemmStep gemm_step) {
   const Options& o = ctx.options();
-  const int64_t E = p.experts, H = p.hidden, F = p.ffn;
-  PerCallWeights w;
-  if (q.format == QuantFormat::mxfp8) {
-    w.copy1 = takes_weight_copy(ctx, w1_step(copy_only_weights(d, E, 2 * F, H, axis, q.layout).operand));
-    w.copy2 = takes_weight_copy(ctx, w2_step(copy_only_weights(d, E, H, F, axis, q.layout).operand));
+  const int64_t E = p.experts;
+  CallWeight w;
+  if (prepared != nullptr && (!is_copy_only(*prepared) || copy_reader_takes(ctx, gemm_step(*prepared)))) {
+    w.operand = *prepared;
+    w.copy_only = is_copy_only(*prepared);
+    return w;
   }
-  w.w1 = w.copy1 ? copy_only_weights(d, E, 2 * F, H, axis, q.layout) : make_expert_quant(o, d, q, E, 2 * F, H, axis);
-  w.w2 = w.copy2 ? copy_only_weights(d, E, H, F, axis, q.layout) : make_expert_quant(o, d, q, E, H, F, axis);
+  w.quantize = true;
+  w.copy_only = q.format == QuantFormat::mxfp8 &&
+                takes_weight_copy(ctx, gemm_step(make_expert_copy_only(o, d, E, rows, cols, axis, q.layout, false).operand));
+  w.made_at_run = w.copy_only;
+  w.own = w.copy_only ? make_expert_copy_only(o, d, E, rows, cols, axis, q.layout, false)
+                      : make_expert_quant(o, d, q, E, rows, cols, axis);
+  w.operand = w.own.operand;
   return w;
 }
 
@@ -128,9 +134,9 @@ void release_after(PlannedSteps& steps, size_t after, OwnedMxfp8& t) {
   steps.release_after(after, std::move(t.data));
   steps.release_after(after, std::move(t.scales));
 }
-void release_after(PlannedSteps& steps, size_t after, OwnedExpertMxfp8& w) {
-  steps.release_after(after, std::move(w.data));
-  steps.release_after(after, std::move(w.scales));
+void release_after(PlannedSteps& steps, size_t after, CallWeight& w) {
+  steps.release_after(after, std::move(w.own.data));
+  steps.release_after(after, std::move(w.own.scales));
 }
 
 std::unique_ptr<SavedImpl> new_saved(const Problem& p, const ForwardArgs& refs, int64_t T, Device d) {
@@ -251,11 +257,10 @@ SavedState forward_run(Context& ctx, const Problem& p, const ForwardArgs& a, con
 
   s->c = into ? borrowed(into->c) : make_tensor(o, d, DType::bf16, {T, 2 * F});
   OwnedMxfp8 x_row, a_row;
-  PerCallWeights weights;
+  CallWeight w1, w2;
   Fc1FpropArgs fc1{.x = bf16_op(a.x), .w1 = bf16_operand(a.w1), .offsets = a.offsets, .b1 = a.b1, .probs = a.probs,
                    .c = s->c.view};
   Fc2FpropArgs fc2{.w2 = bf16_operand(a.w2), .offsets = a.offsets, .b2 = a.b2, .probs = a.probs, .y = a.y};
-  const bool quantize_weights = mx && !a.prepared;
   if (mx) {
     if (!pre) x_row = make_quant(o, d, q, T, H, BlockAxis::row, E);
     s->x_col = pre    ? borrowed(a.x_col)
@@ -266,17 +271,13 @@ SavedState forward_run(Context& ctx, const Problem& p, const ForwardArgs& a, con
     fc1.x = mx_op(pre ? a.x_row : x_row.view);
     fc1.a = {.row = a_row.view, .col = s->a_col.view};
     fc2.a = mx_op(a_row.view);
-    if (a.prepared) {
-      fc1.w1 = a.prepared->impl().w1_row.operand;
-      fc2.w2 = a.prepared->impl().w2_row.operand;
-    } else {
-      weights = per_call_weights(
-          ctx, p, q, d, BlockAxis::row,
-          [&](const ExpertOperand& w1) { return fc1_fprop(p, with(fc1, &Fc1FpropArgs::w1, w1)); },
-          [&](const ExpertOperand& w2) { return fc2_fprop(p, with(fc2, &Fc2FpropArgs::w2, w2)); });
-      fc1.w1 = weights.w1.operand;
-      fc2.w2 = weights.w2.operand;
-    }
+    const PreparedImpl* pw = a.prepared ? &a.prepared->impl() : nullptr;
+    w1 = call_weight(ctx, p, q, d, BlockAxis::row, 2 * F, H, pw ? &pw->w1_row.operand : nullptr,
+                     [&](const ExpertOperand& w) { return fc1_fprop(p, with(fc1, &Fc1FpropArgs::w1, w)); });
+    w2 = call_weight(ctx, p, q, d, BlockAxis::row, H, F, pw ? &pw->w2_row.operand : nullptr,
+                     [&](const ExpertOperand& w) { return fc2_fprop(p, with(fc2, &Fc2FpropArgs::w2, w)); });
+    fc1.w1 = w1.operand;
+    fc2.w2 = w2.operand;
   } else {
     s->a_bf16 = into ? borrowed(into->a) : make_tensor(o, d, DType::bf16, {T, F});
     fc1.a.bf16 = s->a_bf16.view;
@@ -286,18 +287,18 @@ SavedState forward_run(Context& ctx, const Problem& p, const ForwardArgs& a, con
   std::vector<LayerStep> steps;
   if (mx && !pre) steps.push_back(quantize_x({a.x, a.offsets, x_row.view, s->x_col.view, q.pow2_scales}));
   const size_t quantize1 = steps.size();
-  if (quantize_weights) steps.push_back(quantize_w1(weights.w1.quantize_from(a.w1)));
+  if (w1.quantize) steps.push_back(quantize_w1(w1.own.quantize_from(a.w1)));
   const size_t gemm1 = steps.size();
-  steps.push_back(reading_copy(fc1_fprop(p, fc1), weights.copy1));
+  steps.push_back(reading_copy(fc1_fprop(p, fc1), w1.copy_only));
   const size_t quantize2 = steps.size();
-  if (quantize_weights) steps.push_back(quantize_w2(weights.w2.quantize_from(a.w2)));
+  if (w2.quantize) steps.push_back(quantize_w2(w2.own.quantize_from(a.w2)));
   const size_t gemm2 = steps.size();
-  steps.push_back(reading_copy(fc2_fprop(p, fc2), weights.copy2));
+  steps.push_back(reading_copy(fc2_fprop(p, fc2), w2.copy_only));
   PlannedSteps planned(ctx, std::move(steps));
-  if (weights.copy1) planned.add_weight_copy(quantize1, gemm1);
-  if (weights.copy2) planned.add_weight_copy(quantize2, gemm2);
+  if (w1.made_at_run) planned.add_weight_copy(quantize1, gemm1);
+  if (w2.made_at_run) planned.add_weight_copy(quantize2, gemm2);
   release_after(planned, gemm1, x_row);
-  release_after(planned, gemm1, weights.w1);
+  release_after(planned, gemm1, w1);
   planned.run();
   return SavedState(std::move(s));
 }
@@ -342,7 +343,7 @@ WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, 
   auto w = new_wgrad(p, r.offsets, T, d);
 
   OwnedMxfp8 dy_row, dc_row;
-  PerCallWeights weights;
+  CallWeight w2, w1;
   OwnedTensor dprob_add;
   if (p.fc2_bias && p.scale_fc2_bias) dprob_add = make_tensor(o, d, DType::f32, {T});
   Fc2DgradArgs fc2{.dy = bf16_op(a.dy), .w2 = bf16_operand(r.w2), .offsets = r.offsets, .probs = r.probs,
@@ -351,7 +352,6 @@ WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, 
   Fc1DgradArgs fc1{.w1 = bf16_operand(r.w1), .offsets = r.offsets, .dx = a.dx};
   // The wgrad operands, viewed where they are now (forward's saved ones move into w after the dgrads).
   WgradOperands wops{bf16_op(a.dy), bf16_op(s.a_bf16.view), {}, bf16_op(r.x)};
-  const bool quantize_weights = mx && !a.prepared;
   if (mx) {
     dy_row = make_quant(o, d, q, T, H, BlockAxis::row, E);
     w->dy_col = into ? borrowed(into->dy_col) : make_quant(o, d, q, T, H, BlockAxis::col, E);
@@ -360,17 +360,13 @@ WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, 
     fc2.dy = mx_op(dy_row.view);
     fc2.dc = {.row = dc_row.view, .col = w->dc_col.view};
     fc1.dc = mx_op(dc_row.view);
-    if (a.prepared) {
-      fc2.w2 = a.prepared->impl().w2_dgrad();
-      fc1.w1 = a.prepared->impl().w1_dgrad();
-    } else {
-      weights = per_call_weights(
-          ctx, p, q, d, BlockAxis::col,
-          [&](const ExpertOperand& w1) { return fc1_dgrad(p, with(fc1, &Fc1DgradArgs::w1, w1)); },
-          [&](const ExpertOperand& w2) { return fc2_dgrad(p, with(fc2, &Fc2DgradArgs::w2, w2)); });
-      fc2.w2 = weights.w2.operand;
-      fc1.w1 = weights.w1.operand;
-    }
+    const PreparedImpl* pw = a.prepared ? &a.prepared->impl() : nullptr;
+    w2 = call_weight(ctx, p, q, d, BlockAxis::col, H, F, pw ? &pw->w2_dgrad() : nullptr,
+                     [&](const ExpertOperand& w) { return fc2_dgrad(p, with(fc2, &Fc2DgradArgs::w2, w)); });
+    w1 = call_weight(ctx, p, q, d, BlockAxis::col, 2 * F, H, pw ? &pw->w1_dgrad() : nullptr,
+                     [&](const ExpertOperand& w) { return fc1_dgrad(p, with(fc1, &Fc1DgradArgs::w1, w)); });
+    fc2.w2 = w2.operand;
+    fc1.w1 = w1.operand;
     wops = {mx_op(w->dy_col.view), mx_op(s.a_col.view), mx_op(w->dc_col.view), mx_op(s.x_col.view)};
   } else {
     w->dy_bf16 = a.dy;
@@ -386,27 +382,27 @@ WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, 
     steps.push_back(fc2_bias_grads(p, {.dy = a.dy, .offsets = r.offsets, .probs = r.probs, .b2 = r.b2,
                                        .db2 = {a.grads.db2, a.grads.accumulate}, .dprob_add = dprob_add.view}));
   const size_t quantize2 = steps.size();
-  if (quantize_weights) steps.push_back(quantize_w2(weights.w2.quantize_from(r.w2)));
+  if (w2.quantize) steps.push_back(quantize_w2(w2.own.quantize_from(r.w2)));
   const size_t gemm2 = steps.size();
-  steps.push_back(reading_copy(fc2_dgrad(p, fc2), weights.copy2));
+  steps.push_back(reading_copy(fc2_dgrad(p, fc2), w2.copy_only));
   const size_t quantize1 = steps.size();
-  if (quantize_weights) steps.push_back(quantize_w1(weights.w1.quantize_from(r.w1)));
+  if (w1.quantize) steps.push_back(quantize_w1(w1.own.quantize_from(r.w1)));
   const size_t gemm1 = steps.size();
-  steps.push_back(reading_copy(fc1_dgrad(p, fc1), weights.copy1));
+  steps.push_back(reading_copy(fc1_dgrad(p, fc1), w1.copy_only));
   PlannedSteps dgrad(ctx, std::move(steps));
   std::optional<PlannedSteps> wgrad;
   if (a.wgrad == WgradMode::now) wgrad.emplace(ctx, wgrad_steps(p, r.offsets, wops, a.grads));
   // What only FC2's dgrad reads is freed once it has run (C among it: from here the state is
   // consumed, even should a later step fail), what only FC1's dgrad reads once that has run.
-  if (weights.copy2) dgrad.add_weight_copy(quantize2, gemm2);
-  if (weights.copy1) dgrad.add_weight_copy(quantize1, gemm1);
+  if (w2.made_at_run) dgrad.add_weight_copy(quantize2, gemm2);
+  if (w1.made_at_run) dgrad.add_weight_copy(quantize1, gemm1);
   s.consumed = true;
   dgrad.release_after(gemm2, std::move(s.c.buf));
   dgrad.release_after(gemm2, std::move(dprob_add.buf));
   release_after(dgrad, gemm2, dy_row);
-  release_after(dgrad, gemm2, weights.w2);
+  release_after(dgrad, gemm2, w2);
   release_after(dgrad, gemm1, dc_row);
-  release_after(dgrad, gemm1, weights.w1);
+  release_after(dgrad, gemm1, w1);
   dgrad.run();
 
   // The wgrad operands move from the saved state.
@@ -445,9 +441,12 @@ int64_t prepare_memory(const Problem& p, bool copies, bool transposed) {
     return n;
   }
   for (BlockAxis axis : {BlockAxis::row, BlockAxis::col}) {
+    if (copies) {  // the bf16 copies alone
+      n = checked_add(n, checked_mul({E, 3 * F, H, 2}, what), what);
+      continue;
+    }
     n = checked_add(n, expert_mxfp8_bytes(E, 2 * F, H, axis, what), what);  // w1
     n = checked_add(n, expert_mxfp8_bytes(E, H, F, axis, what), what);      // w2
-    if (copies) n = checked_add(n, checked_mul({E, 3 * F, H, 2}, what), what);
   }
   return n;
 }
@@ -475,11 +474,23 @@ bool want_transposed_copies(const Context& ctx, const Problem& p, const WeightsA
   return p.recipe == Recipe::fp8_blockwise && w.bf16_copies && !sm90_fp8_backward_off() && sm90_serves(ctx, d);
 }
 
+bool copies_read_on(const Context& ctx, Device d) {
+  const Options& o = ctx.options();
+  for (Backend* b : backends()) {
+    const std::string name = b->name();
+    if (!o.backend.empty() && o.backend != name) continue;
+    bool denied = false;
+    for (const std::string& n : o.deny) denied = denied || n == name;
+    if (denied || !b->probe_device(d).available) continue;
+    return b->reads_weight_copies();
+  }
+  return false;
+}
+
 bool want_bf16_copies(const Context& ctx, const Problem& p, const WeightsArgs& w, Device d) {
-  const bool reads =
-      p.recipe == Recipe::mxfp8 || (p.recipe == Recipe::fp8_blockwise && p.pow2_scales && sm90_fp8_backward_off());
-  if (!reads || !w.bf16_copies) return false;
-  return sm90_serves(ctx, d);
+  if (!w.bf16_copies) return false;
+  if (p.recipe == Recipe::mxfp8) return copies_read_on(ctx, d);
+  return p.recipe == Recipe::fp8_blockwise && p.pow2_scales && sm90_fp8_backward_off() && sm90_serves(ctx, d);
 }
 
 namespace {
@@ -510,12 +521,16 @@ PreparedWeights prepare_run(Context& ctx, const Problem& p, const WeightsArgs& w
                        prepare_step(quantize_w2(pw->w2_row.quantize_from(w.w2)))})
         .run();
   } else if (p.recipe == Recipe::mxfp8) {
-    pw->w1_row = make_expert_mxfp8(o, d, E, 2 * F, H, BlockAxis::row, layout);
-    pw->w2_row = make_expert_mxfp8(o, d, E, H, F, BlockAxis::row, layout);
-    pw->w1_col = make_expert_mxfp8(o, d, E, 2 * F, H, BlockAxis::col, layout);
-    pw->w2_col = make_expert_mxfp8(o, d, E, H, F, BlockAxis::col, layout);
-    if (copies)
-      for (OwnedExpertMxfp8* c : {&pw->w1_row, &pw->w2_row, &pw->w1_col, &pw->w2_col}) c->add_bf16_copy(o, d);
+    // Where the device's backend reads weight copies, the copies alone (its GEMMs never read the
+    // FP8 bytes; a GEMM it refuses quantizes its weight in the call); else the FP8 copies.
+    auto make = [&](int64_t rows, int64_t cols, BlockAxis axis) {
+      return copies ? make_expert_copy_only(o, d, E, rows, cols, axis, layout, /*allocate_copy=*/true)
+                    : make_expert_mxfp8(o, d, E, rows, cols, axis, layout);
+    };
+    pw->w1_row = make(2 * F, H, BlockAxis::row);
+    pw->w2_row = make(H, F, BlockAxis::row);
+    pw->w1_col = make(2 * F, H, BlockAxis::col);
+    pw->w2_col = make(H, F, BlockAxis::col);
     PlannedSteps(ctx, {prepare_step(quantize_w1(pw->w1_row.quantize_from(w.w1))),
                        prepare_step(quantize_w2(pw->w2_row.quantize_from(w.w2))),
                        prepare_step(quantize_w1(pw->w1_col.quantize_from(w.w1))),

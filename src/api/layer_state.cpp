@@ -75,6 +75,25 @@ OwnedExpertMxfp8 make_expert_mxfp8(const Options& opt, Device d, int64_t experts
   return o;
 }
 
+OwnedExpertMxfp8 make_expert_copy_only(const Options& opt, Device d, int64_t experts, int64_t rows, int64_t cols,
+                                       BlockAxis axis, ScaleLayout layout, bool allocate_copy) {
+  OwnedExpertMxfp8 o;
+  o.operand.data.dense = TensorView::of(nullptr, DType::e4m3, {experts, rows, cols}, d);
+  o.operand.data.dtype = DType::e4m3;
+  o.operand.layout = layout;
+  o.experts = experts;
+  o.rows = rows;
+  o.cols = cols;
+  o.axis = axis;
+  if (allocate_copy) {
+    o.add_bf16_copy(opt, d);
+  } else {
+    o.operand.dequantized.dense = TensorView::of(nullptr, DType::bf16, {experts, rows, cols}, d);
+    o.operand.dequantized.dtype = DType::bf16;
+  }
+  return o;
+}
+
 void OwnedExpertMxfp8::add_transposed_copy(const Options& o, Device d) {
   const int64_t per = fp8_weight_scale_count(cols, rows);
   tdata = allocate(d, checked_mul({experts, rows, cols}, "memory"), o.stream, o.allocator);

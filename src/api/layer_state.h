@@ -76,10 +76,13 @@ struct OwnedExpertMxfp8 {
   }
 };
 // Whether bf16 copies of the dequantized weights pay (prepare_weights, and `mxmoe bench`'s step
-// operands): asked for (w.bf16_copies), the recipe's sm90 GEMMs read them (mxfp8; fp8_blockwise with
-// power-of-two scales, whose GEMMs run on the dequantized weights), and cuda_sm90 serves device d
-// and is neither denied nor overridden by a forced backend (src/api/grouped_mlp.cpp).
+// operands): asked for (w.bf16_copies) and read by the GEMMs: mxfp8 where the device's first
+// backend reads weight copies (copies_read_on), fp8_blockwise with power-of-two scales (its GEMMs on
+// the dequantized weights) where cuda_sm90 serves device d (src/api/grouped_mlp.cpp).
 bool want_bf16_copies(const Context& ctx, const Problem& p, const WeightsArgs& w, Device d);
+// Whether the first backend dispatch would consider for device d (forced and denied ones honoured,
+// available there) reads MXFP8 weights from their bf16 copy (Backend::reads_weight_copies).
+bool copies_read_on(const Context& ctx, Device d);
 // Whether cuda_sm90 is the backend the layer's GEMMs run on for device d: available there, neither
 // denied nor overridden by a forced backend in ctx's options.
 bool sm90_serves(const Context& ctx, Device d);
@@ -89,6 +92,16 @@ bool sm90_serves(const Context& ctx, Device d);
 bool want_transposed_copies(const Context& ctx, const Problem& p, const WeightsArgs& w, Device d);
 OwnedExpertMxfp8 make_expert_mxfp8(const Options& o, Device d, int64_t experts, int64_t rows, int64_t cols,
                                    BlockAxis axis, ScaleLayout layout);
+// MXFP8 weights kept only as their bf16 copy (MGemmStep::b_copy_only): the operand carries the shape,
+// dtype e4m3 and device of the FP8 data but no FP8 bytes or scales; `operand.dequantized` is the
+// copy, allocated here when `allocate_copy` (prepare_weights), else left for the run to fill
+// (PlannedSteps::add_weight_copy). quantize_from() then asks for the copy alone.
+OwnedExpertMxfp8 make_expert_copy_only(const Options& o, Device d, int64_t experts, int64_t rows, int64_t cols,
+                                       BlockAxis axis, ScaleLayout layout, bool allocate_copy);
+// Whether an operand is MXFP8 weights kept only as their bf16 copy (made as above).
+inline bool is_copy_only(const ExpertOperand& w) {
+  return w.is_mxfp8() && !w.data.per_expert() && w.data.dense.data == nullptr && w.dequantized.dense.rank == 3;
+}
 int64_t expert_quant_bytes(const QuantSpec& q, int64_t experts, int64_t rows, int64_t cols, BlockAxis axis,
                            const char* what);
 OwnedExpertMxfp8 make_expert_quant(const Options& o, Device d, const QuantSpec& q, int64_t experts, int64_t rows,
@@ -130,10 +143,12 @@ struct PreparedImpl {
   Problem problem;
   Device device{};
   ScaleLayout layout = ScaleLayout::compact;
+  // mxfp8 where the device's backend reads weight copies (WeightsArgs::bf16_copies): copy-only
+  // operands (make_expert_copy_only), no FP8 bytes.
   OwnedExpertMxfp8 w1_row, w2_row;  // fprop operands (fp8_blockwise: fprop and dgrad)
   OwnedExpertMxfp8 w1_col, w2_col;  // mxfp8 dgrad operands (empty for fp8_blockwise)
-  const ExpertOperand& w1_dgrad() const { return w1_col.operand.data.dense.data ? w1_col.operand : w1_row.operand; }
-  const ExpertOperand& w2_dgrad() const { return w2_col.operand.data.dense.data ? w2_col.operand : w2_row.operand; }
+  const ExpertOperand& w1_dgrad() const { return w1_col.operand.data.dense.rank > 0 ? w1_col.operand : w1_row.operand; }
+  const ExpertOperand& w2_dgrad() const { return w2_col.operand.data.dense.rank > 0 ? w2_col.operand : w2_row.operand; }
   int64_t bytes() const { return w1_row.bytes() + w2_row.bytes() + w1_col.bytes() + w2_col.bytes(); }
 };
 

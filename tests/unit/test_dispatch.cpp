@@ -84,7 +84,10 @@ class CopyReadingBackend final : public detail::Backend {
   int copy_gemms = 0, fp8_gemms = 0;
   const char* name() const override { return "test_copy_reader"; }
   detail::Probe probe_device(Device d) const override { return {d.type == DeviceType::cpu, "host only"}; }
+  bool refuse_glu_backward = false;  // as cuda_sm90 refuses a step for its shapes or alignment
   detail::Probe probe(const detail::StepQuery& q) const override {
+    if (refuse_glu_backward && q.gemm_m != nullptr && q.gemm_m->epilogue == detail::Epilogue::glu_backward)
+      return {false, "glu_backward refused (test)"};
     return {q.step == detail::Step::gemm_m, "m-grouped GEMMs only"};
   }
   bool reads_weight_copies() const override { return true; }
@@ -168,6 +171,49 @@ TEST(Dispatch, PerCallWeightsGoStraightToTheBf16CopyWhereTheGemmBackendReadsCopi
     detail::unregister_backend(&reader);
     EXPECT_EQ(reader.copy_gemms, 0) << to_string(r);
     EXPECT_EQ(reader.fp8_gemms, 4) << to_string(r);
+  }
+}
+
+// Where the device's first backend reads weight copies, prepare_weights keeps the bf16 copies alone
+// (no FP8 bytes); the GEMMs read them, bit-identical to the CPU's FP8 route; a GEMM the reader
+// refuses quantizes its weight in the call from the call's weights instead of failing.
+TEST(Dispatch, PreparedWeightsAreCopiesAloneWhereTheBackendReadsCopies) {
+  CopyReadingBackend reader;
+  Problem p = small_problem(Recipe::mxfp8);
+  const LayerData d = make_layer_data(p, {10, 0, 23});
+  const int64_t E = p.experts, H = p.hidden, F = p.ffn;
+  Context cpu(Options{.backend = "cpu", .deny = {}});
+  const LayerOutputs ref = run_layer(cpu, Device{}, d);
+  ExpertMatrices w1, w2;
+  w1.dense = d.w1.view;
+  w1.dtype = DType::bf16;
+  w2.dense = d.w2.view;
+  w2.dtype = DType::bf16;
+  {  // without the reader: FP8 copies, as before
+    PreparedWeights fp8 = prepare_weights(cpu, p, {.w1 = w1, .w2 = w2});
+    EXPECT_GT(fp8.bytes(), E * 3 * F * H * 2);
+    EXPECT_LT(fp8.bytes(), E * 3 * F * H * 2 * 9 / 8);
+  }
+  for (bool refuse : {false, true}) {
+    SCOPED_TRACE(refuse ? "reader refuses glu_backward" : "reader takes every GEMM");
+    reader.refuse_glu_backward = refuse;
+    reader.copy_gemms = reader.fp8_gemms = 0;
+    detail::register_backend(&reader);
+    Context ctx;
+    PreparedWeights pw = prepare_weights(ctx, p, {.w1 = w1, .w2 = w2});
+    EXPECT_EQ(pw.bytes(), 2 * 2 * E * 3 * F * H);  // two orientations of W1 and W2, bf16, nothing else
+    LayerOutputs out;
+    EXPECT_NO_THROW(out = run_layer(ctx, Device{}, d, RunConfig{.prepared = &pw}));
+    detail::unregister_backend(&reader);
+    EXPECT_EQ(reader.copy_gemms, refuse ? 3 : 4);
+    EXPECT_EQ(reader.fp8_gemms, 0);
+    EXPECT_EQ(find_step(out.report, "fc2_dgrad")->backend, refuse ? "cpu" : "test_copy_reader");
+    EXPECT_EQ(find_step(out.report, "quantize_w2_col") != nullptr, refuse) << "W2 quantized in the call";
+    EXPECT_EQ(find_step(out.report, "quantize_w1"), nullptr);
+    for (auto [got, want, what] : {std::tuple{&out.y, &ref.y, "y"}, {&out.dx, &ref.dx, "dx"},
+                                   {&out.dprobs, &ref.dprobs, "dprobs"}, {&out.dw1, &ref.dw1, "dw1"},
+                                   {&out.dw2, &ref.dw2, "dw2"}, {&out.db1, &ref.db1, "db1"}})
+      EXPECT_TRUE(bytes_equal(got->view, want->view)) << what;
   }
 }
 

@@ -103,7 +103,23 @@ struct CallWeight {
   bool quantize = false;       // a quantize step fills `own`
   bool copy_only = false;      // the GEMM reads a copy alone (MGemmStep::b_copy_only)
   bool made_at_run = false;    // that copy is made by PlannedSteps::add_weight_copy
+  size_t quantize_at = 0, gemm_at = 0;  // the steps' places (append_gemm)
 };
+
+// Appends the GEMM step that reads `w`, after w's quantize step from `src` where it has one.
+template <class Quantize>
+void append_gemm(std::vector<LayerStep>& steps, CallWeight& w, Quantize quantize, const ExpertMatrices& src,
+                 LayerStep gemm) {
+  w.quantize_at = steps.size();
+  if (w.quantize) steps.push_back(quantize(w.own.quantize_from(src)));
+  w.gemm_at = steps.size();
+  steps.push_back(reading_copy(std::move(gemm), w.copy_only));
+}
+
+// Once the steps are planned: the copy `w` reads, where the run makes it.
+void add_copy(PlannedSteps& steps, const CallWeight& w) {
+  if (w.made_at_run) steps.add_weight_copy(w.quantize_at, w.gemm_at);
+}
 
 // The weight [E, rows, cols] (blocks along `axis`) of the GEMM that `gemm_step` builds from a weight
 // operand: the prepared one where given and taken, else quantized in the call (copy-only where a
@@ -286,19 +302,13 @@ SavedState forward_run(Context& ctx, const Problem& p, const ForwardArgs& a, con
 
   std::vector<LayerStep> steps;
   if (mx && !pre) steps.push_back(quantize_x({a.x, a.offsets, x_row.view, s->x_col.view, q.pow2_scales}));
-  const size_t quantize1 = steps.size();
-  if (w1.quantize) steps.push_back(quantize_w1(w1.own.quantize_from(a.w1)));
-  const size_t gemm1 = steps.size();
-  steps.push_back(reading_copy(fc1_fprop(p, fc1), w1.copy_only));
-  const size_t quantize2 = steps.size();
-  if (w2.quantize) steps.push_back(quantize_w2(w2.own.quantize_from(a.w2)));
-  const size_t gemm2 = steps.size();
-  steps.push_back(reading_copy(fc2_fprop(p, fc2), w2.copy_only));
+  append_gemm(steps, w1, quantize_w1, a.w1, fc1_fprop(p, fc1));
+  append_gemm(steps, w2, quantize_w2, a.w2, fc2_fprop(p, fc2));
   PlannedSteps planned(ctx, std::move(steps));
-  if (w1.made_at_run) planned.add_weight_copy(quantize1, gemm1);
-  if (w2.made_at_run) planned.add_weight_copy(quantize2, gemm2);
-  release_after(planned, gemm1, x_row);
-  release_after(planned, gemm1, w1);
+  add_copy(planned, w1);
+  add_copy(planned, w2);
+  release_after(planned, w1.gemm_at, x_row);
+  release_after(planned, w1.gemm_at, w1);
   planned.run();
   return SavedState(std::move(s));
 }
@@ -381,21 +391,16 @@ WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, 
   if (p.fc2_bias)
     steps.push_back(fc2_bias_grads(p, {.dy = a.dy, .offsets = r.offsets, .probs = r.probs, .b2 = r.b2,
                                        .db2 = {a.grads.db2, a.grads.accumulate}, .dprob_add = dprob_add.view}));
-  const size_t quantize2 = steps.size();
-  if (w2.quantize) steps.push_back(quantize_w2(w2.own.quantize_from(r.w2)));
-  const size_t gemm2 = steps.size();
-  steps.push_back(reading_copy(fc2_dgrad(p, fc2), w2.copy_only));
-  const size_t quantize1 = steps.size();
-  if (w1.quantize) steps.push_back(quantize_w1(w1.own.quantize_from(r.w1)));
-  const size_t gemm1 = steps.size();
-  steps.push_back(reading_copy(fc1_dgrad(p, fc1), w1.copy_only));
+  append_gemm(steps, w2, quantize_w2, r.w2, fc2_dgrad(p, fc2));
+  append_gemm(steps, w1, quantize_w1, r.w1, fc1_dgrad(p, fc1));
+  const size_t gemm2 = w2.gemm_at, gemm1 = w1.gemm_at;
   PlannedSteps dgrad(ctx, std::move(steps));
   std::optional<PlannedSteps> wgrad;
   if (a.wgrad == WgradMode::now) wgrad.emplace(ctx, wgrad_steps(p, r.offsets, wops, a.grads));
   // What only FC2's dgrad reads is freed once it has run (C among it: from here the state is
   // consumed, even should a later step fail), what only FC1's dgrad reads once that has run.
-  if (w2.made_at_run) dgrad.add_weight_copy(quantize2, gemm2);
-  if (w1.made_at_run) dgrad.add_weight_copy(quantize1, gemm1);
+  add_copy(dgrad, w2);
+  add_copy(dgrad, w1);
   s.consumed = true;
   dgrad.release_after(gemm2, std::move(s.c.buf));
   dgrad.release_after(gemm2, std::move(dprob_add.buf));

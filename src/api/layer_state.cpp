@@ -57,34 +57,37 @@ OwnedMxfp8 make_mxfp8(const Options& opt, Device d, int64_t rows, int64_t cols, 
   return o;
 }
 
+namespace {
+// The e4m3 data view of E weight matrices [rows, cols] at `data` (null: shape, dtype and device
+// only) and the copy's shape fields.
+void set_e4m3(OwnedExpertMxfp8& o, Device d, int64_t experts, int64_t rows, int64_t cols, BlockAxis axis,
+              ScaleLayout layout, void* data) {
+  o.operand.data.dense = TensorView::of(data, DType::e4m3, {experts, rows, cols}, d);
+  o.operand.data.dtype = DType::e4m3;
+  o.operand.layout = layout;
+  o.experts = experts;
+  o.rows = rows;
+  o.cols = cols;
+  o.axis = axis;
+}
+}  // namespace
+
 OwnedExpertMxfp8 make_expert_mxfp8(const Options& opt, Device d, int64_t experts, int64_t rows, int64_t cols,
                                    BlockAxis axis, ScaleLayout layout) {
   OwnedExpertMxfp8 o;
   const int64_t per = expert_scale_bytes(rows, cols, axis, "memory");
   o.data = allocate(d, checked_mul({experts, rows, cols}, "memory"), opt.stream, opt.allocator);
   o.scales = allocate(d, checked_mul(experts, per, "memory"), opt.stream, opt.allocator);
-  o.operand.data.dense = TensorView::of(o.data.ptr, DType::e4m3, {experts, rows, cols}, d);
-  o.operand.data.dtype = DType::e4m3;
+  set_e4m3(o, d, experts, rows, cols, axis, layout, o.data.ptr);
   o.operand.scales.dense = TensorView::of(o.scales.ptr, DType::e8m0, {experts, per}, d);
   o.operand.scales.dtype = DType::e8m0;
-  o.operand.layout = layout;
-  o.experts = experts;
-  o.rows = rows;
-  o.cols = cols;
-  o.axis = axis;
   return o;
 }
 
 OwnedExpertMxfp8 make_expert_copy_only(const Options& opt, Device d, int64_t experts, int64_t rows, int64_t cols,
                                        BlockAxis axis, ScaleLayout layout, bool allocate_copy) {
   OwnedExpertMxfp8 o;
-  o.operand.data.dense = TensorView::of(nullptr, DType::e4m3, {experts, rows, cols}, d);
-  o.operand.data.dtype = DType::e4m3;
-  o.operand.layout = layout;
-  o.experts = experts;
-  o.rows = rows;
-  o.cols = cols;
-  o.axis = axis;
+  set_e4m3(o, d, experts, rows, cols, axis, layout, nullptr);
   if (allocate_copy) {
     o.add_bf16_copy(opt, d);
   } else {

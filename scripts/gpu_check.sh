@@ -3,7 +3,7 @@
 # label included), compute-sanitizer memcheck and racecheck over the kernel tests, the main job on
 # its GPU default (dsv3), the benchmark and the torch peer beside it. Logs go to $OUT (or ./out).
 # GoogleTest is not installed there: carry a copy in .deps/gtest (see docs/gpu_machine.md).
-#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench|moe|fp8|fp8ncu|profile|repeat|mxweights|ep]...   (default: all but kernels, ncu, moe, fp8, fp8ncu, profile, repeat, mxweights, ep)
+#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench|moe|fp8|fp8ncu|profile|repeat|mxweights|glubwd|ep]...   (default: all but kernels, ncu, moe, fp8, fp8ncu, profile, repeat, mxweights, glubwd, ep)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-out}")
@@ -125,10 +125,9 @@ for s in $steps; do
     mxweights)
       # The MXFP8 per-call weights (session 15): the tests that run the copy route (quantize of the
       # bf16 copy alone, every GPU layer / graph / dispatch test), memcheck over the quantize and
-      # mxfp8 layer tests, the GLU and layer tests with the 128-wide MXFP8 GLU backward
-      # (MXMOE_SM90_MX_GLU_BWD_N=128, several n-tiles), then `mxmoe bench --recipe mxfp8` on
-      # MXW_ARGS (default: every preset but small, both splits) with the copy route, with the FP8
-      # route (MXMOE_SM90_MX_WEIGHTS=fp8), and with the copy route again: $OUT/mxw_{copy,fp8,copy2}.json.
+      # mxfp8 layer tests, then `mxmoe bench --recipe mxfp8` on MXW_ARGS (default: every preset but
+      # small, both splits) with the copy route, with the FP8 route (MXMOE_SM90_MX_WEIGHTS=fp8), and
+      # with the copy route again: $OUT/mxw_{copy,fp8,copy2}.json.
       timeout 200 $B/tests/mxmoe_gpu_tests --gtest_filter='*GpuQuant*:*GpuLayer*:*GpuGraph*:*GpuDispatch*' \
         >"$OUT/mxw_tests.log" 2>&1; rc=$?
       summary "mxweights tests" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/mxw_tests.log" | tr '\n' ' ')"
@@ -136,13 +135,37 @@ for s in $steps; do
       timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/mxmoe_gpu_tests \
         --gtest_filter='*GpuQuant.QuantizeExperts*:*GpuLayer*Mxfp8*/cuda_sm90' >"$OUT/mxw_memcheck.log" 2>&1; rc=$?
       summary "mxweights memcheck" "rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/mxw_memcheck.log" | tail -1)"
-      MXMOE_SM90_MX_GLU_BWD_N=128 timeout 150 $B/tests/mxmoe_gpu_tests --gtest_filter='*GpuGlu*:*GpuLayer*' \
-        >"$OUT/mxw_bn128.log" 2>&1; rc=$?
-      summary "glu bwd 128 tests" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/mxw_bn128.log" | tr '\n' ' ')"
       for run in copy fp8 copy2; do
         env $([ $run = fp8 ] && echo MXMOE_SM90_MX_WEIGHTS=fp8) timeout 150 $B/mxmoe bench --recipe mxfp8 \
           ${MXW_ARGS:-} --json "$OUT/mxw_$run.json" >"$OUT/mxw_$run.log" 2>&1
         summary "mxfp8 bench ($run route)" "rc=$?"
+      done ;;
+    glubwd)
+      # The MXFP8 FC2 dgrad (GLU backward) variants beside the default (in-line epilogue, 256-wide
+      # where F > 128): 128-wide tiles (MXMOE_SM90_MX_GLU_BWD_N=128), epilogue warps on 192- or
+      # 128-wide tiles with the A scales from L2 (MXMOE_SM90_MX_GLU_BWD=ew / ew128; session 15, not
+      # yet run). Per variant: the GLU and layer GPU tests (against the CPU reference), then `mxmoe
+      # bench --recipe mxfp8` on GLU_ARGS (default: every preset but small, both splits):
+      # $OUT/glu_<variant>.json (fc2_dgrad rows); memcheck and racecheck on the ew GLU tests.
+      for v in default n128 ew ew128; do
+        envs=()
+        [ $v = n128 ] && envs=(MXMOE_SM90_MX_GLU_BWD_N=128)
+        [ $v = ew ] && envs=(MXMOE_SM90_MX_GLU_BWD=ew)
+        [ $v = ew128 ] && envs=(MXMOE_SM90_MX_GLU_BWD=ew128)
+        if [ $v != default ]; then
+          env "${envs[@]}" timeout 150 $B/tests/mxmoe_gpu_tests --gtest_filter='*GpuGlu*:*GpuLayer*' \
+            >"$OUT/glu_$v.log" 2>&1; rc=$?
+          summary "glu bwd $v tests" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/glu_$v.log" | tr '\n' ' ')"
+          grep -E '^\[  FAILED  \]' "$OUT/glu_$v.log" | head -8
+        fi
+        env "${envs[@]}" timeout 120 $B/mxmoe bench --recipe mxfp8 ${GLU_ARGS:-} --json "$OUT/glu_$v.json" \
+          >"$OUT/glu_bench_$v.log" 2>&1
+        summary "glu bwd $v bench" "rc=$? $(grep -E 'fc2_dgrad' "$OUT/glu_bench_$v.log" | awk '{printf "%s/%s %s ms; ", $1, $2, $5}')"
+      done
+      for tool in memcheck racecheck; do
+        MXMOE_SM90_MX_GLU_BWD=ew timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/mxmoe_gpu_tests \
+          --gtest_filter='*GpuGlu*Backward*/cuda_sm90' >"$OUT/glu_ew_$tool.log" 2>&1
+        summary "glu bwd ew $tool" "rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/glu_ew_$tool.log" | tail -1)"
       done ;;
     ep)
       # Expert parallelism on two GPUs (kind nvidia-h200-x2; issue 12): the NCCL equality test of

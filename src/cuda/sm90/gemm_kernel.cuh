@@ -51,9 +51,12 @@ inline constexpr int kEwEpiBytes = kBlockM * BN * 4 + kEwWarps * 2 * BN * 4;
 // Mx (m-grouped, MXFP8 A): A (e4m3 tokens [T, K], row-wise E8M0 scales, K-major) arrives by TMA
 // as [128][64] bytes with 64-byte swizzle; the consumers turn it into BF16 wgmma A fragments in
 // registers (value x 2^(scale - 127), exact) and run register-A wgmma (RS). Warps 1-3 of the
-// producer warp group (the scale loaders) stage each stage's scales in shared memory.
+// producer warp group (the scale loaders) stage each stage's scales in shared memory, except with
+// epilogue warps (glu_backward_ew, kScalesL2): then each consumer thread loads its two rows' scales
+// from global memory a k-block ahead (a_scale_pair) and warps 1-3 run the epilogue.
 //   Mx::a   B is BF16 (the exact dequantized weights: gemm_m.cu makes them from MXFP8 B), loaded
-//           and read as in the BF16 kernels; any epilogue.
+//           and read as in the BF16 kernels; any epilogue (glu_backward_ew: MXMOE_SM90_MX_GLU_BWD,
+//           session 15, 192- or 128-wide; ptxas: no spill instruction between the HGMMAs).
 //   Mx::ab  B is e4m3 too ([N, K] row-wise or [K, N] column-wise) and arrives in the ring as FP8
 //           halves; the consumers turn it into a BF16 tile (the layout the BF16 kernels' TMA would
 //           have written, 128-byte swizzle) in one of kBBufs buffers, which the wgmma reads. The
@@ -98,7 +101,13 @@ struct KernelConfig {
   static constexpr bool kMxB = Mx_ == Mx::ab;                  // MXFP8 B, converted in shared memory
   static constexpr bool kBlk = Mx_ == Mx::blk || Mx_ == Mx::blk_staged;  // FP8 blockwise: FP8 wgmma, promotion
   static constexpr bool kBlkStaged = Mx_ == Mx::blk_staged;             // its scales staged in shared memory
-  static constexpr bool kLoaders = kMx || kBlkStaged;  // warps 1-3 of the producer warp group stage scales
+  // MXFP8 A with epilogue warps (glu_backward_ew): warps 1-3 of the producer warp group run the
+  // epilogue, so the consumers load their rows' A scales from global memory (L2) themselves.
+  static constexpr bool kScalesL2 = kMx && !kMxB && E_ == Epi::glu_backward_ew;
+  static constexpr bool kLoaders = (kMx && !kScalesL2) || kBlkStaged;  // warps 1-3 of the producer warp group stage scales
+  // The consumers read the stage with ordinary loads (FP8 A fragments, staged scales): each thread
+  // releases it itself (racecheck orders only a thread's own loads before its arrival).
+  static constexpr bool kThreadRelease = kMx || kBlkStaged;
   static_assert(!kBlk || (AMajor_ == Major::k && BMajor_ == Major::k && BN_ == 128 &&
                           (G_ == Grouping::m ? E_ != Epi::wgrad && E_ != Epi::glu_backward_ew : E_ == Epi::wgrad)),
                 "FP8 blockwise: K-major A and B (dgrad: B transposed first; wgrad: both token-block operands "
@@ -116,7 +125,8 @@ struct KernelConfig {
   // 2kb + 1), then (FP8 B) B [BN rows] u16 (row-wise) or [2 blocks][BN columns] bytes (column-wise).
   // FP8 blockwise, staged: f32 A row scales [128], then B's: [BN] column scales (wgrad) or the two
   // column halves' block scales (padded to 128 bytes, keeping the epilogue area 128-byte aligned).
-  static constexpr int kScaleBytes = kMx           ? 2 * kBlockM + (kMxB ? 2 * kBlockN : 0)
+  static constexpr int kScaleBytes = kScalesL2     ? 0
+                                     : kMx         ? 2 * kBlockM + (kMxB ? 2 * kBlockN : 0)
                                      : kBlkStaged ? 4 * kBlockM + (G_ == Grouping::k ? 4 * BN_ : 128)
                                                   : 0;
   // The epilogue's shared memory (epilogue.cuh): a 64-row x 256-byte output stage per consumer warp
@@ -125,8 +135,9 @@ struct KernelConfig {
   static constexpr int kEpiBytes = E_ == Epi::glu_backward      ? kGluBwdEpiBytes
                                    : E_ == Epi::glu_backward_ew ? kEwEpiBytes<BN_>
                                                                 : 2 * kOutStageBytes;
-  static_assert(E_ != Epi::glu_backward_ew || (Mx_ == Mx::none && G_ == Grouping::m && BMajor_ == Major::mn),
-                "epilogue warps: BF16 FC2 dgrad (warps 1-3 of the producer group are the MXFP8 scale loaders)");
+  static_assert(E_ != Epi::glu_backward_ew ||
+                    ((Mx_ == Mx::none || Mx_ == Mx::a) && G_ == Grouping::m && BMajor_ == Major::mn),
+                "epilogue warps: FC2 dgrad with a BF16 or MXFP8 A and BF16 B (MXFP8: A scales from L2)");
   static constexpr int kReserved = 1024 /*alignment slack*/ + 256 /*barriers*/;
   static constexpr int kFree = kSmemLimit - kReserved - kEpiBytes - kBBufs * kBBufBytes;
   static constexpr int kStages = kFree / (kStageBytes + kScaleBytes) > 8 ? 8 : kFree / (kStageBytes + kScaleBytes);
@@ -359,6 +370,7 @@ struct GmmaRS;
         cute::SM90::GMMA::Major::K, B == Major::k ? cute::SM90::GMMA::Major::K : cute::SM90::GMMA::Major::MN>; \
   };
 MXMOE_SM90_GMMA_RS(128)
+MXMOE_SM90_GMMA_RS(192)  // the MXFP8 FC2 dgrad with epilogue warps
 MXMOE_SM90_GMMA_RS(256)
 #undef MXMOE_SM90_GMMA_RS
 
@@ -792,12 +804,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < kStages; ++s) {
       // the TMA producer, and the scale loaders: all 96 (MXFP8) or the one warp whose turn the stage
       // is (FP8 blockwise, staged: the warps take the k-blocks in turn)
-      mbar_init(&full[s], Cfg::kMx ? 1 + kLoaderThreads : Cfg::kBlkStaged ? 1 + 32 : 1);
+      mbar_init(&full[s], Cfg::kMx && Cfg::kLoaders ? 1 + kLoaderThreads : Cfg::kBlkStaged ? 1 + 32 : 1);
       // BF16: one arrival per consumer warp group of the pair (wgmma read the stage; wgmma.wait_group
       // retired it for the whole warp group). MXFP8: every consumer thread of this CTA (each read A
       // and the scales with ordinary loads, which only its own arrival orders before the refill, as
       // racecheck sees it) and one per consumer warp of the peer.
-      mbar_init(&empty[s], Cfg::kLoaders ? kConsumerThreads + 8 * (kCluster - 1) : 2 * kCluster);
+      mbar_init(&empty[s], Cfg::kThreadRelease ? kConsumerThreads + 8 * (kCluster - 1) : 2 * kCluster);
     }
     if constexpr (Cfg::kEpi == Epi::glu_backward_ew) {
       // Every thread that wrote (consumers) or read (epilogue warps) the hand-off tile arrives.
@@ -892,7 +904,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // `zeroed`: this CTA wrote the stage with ordinary stores (k-grouped tail), which the peer's
     // multicast must not overtake: release at cluster scope then.
     auto release = [&](int s, bool zeroed) {
-      if constexpr (Cfg::kLoaders) {
+      if constexpr (Cfg::kThreadRelease) {
         // Every thread arrives on this CTA's barrier (shared::cta address) after its loads of the
         // stage (FP8 A fragments, scales): racecheck flagged the scale loaders' refill against
         // lanes that had not arrived themselves, after __syncwarp and one lane's arrival too. The
@@ -1010,11 +1022,24 @@ __global__ void __launch_bounds__(kThreads, 1)
         uint32_t a[4][4];
         float sc[2][2];
         if (t.live) {
+          // kScalesL2: the scales of the thread's rows r, r + 8 (fp8_fragment's), loaded a k-block
+          // ahead from global memory.
+          const int64_t srow = t.row0 + 64 * cw + 16 * (wtid / 32) + (wtid % 32) / 4;
+          uint32_t next[2] = {0, 0};
+          if constexpr (Cfg::kScalesL2) {
+            if (t.k_blocks > 0) next[0] = a_scale_pair(p, srow, 0), next[1] = a_scale_pair(p, srow + 8, 0);
+          }
           for (int kb = 0; kb < t.k_blocks; ++kb) {
             mbar_wait(&full[stage], phase);
             const uint32_t sa = smem_addr(stage_a(stage));
             const uint8_t* sb = stage_b(stage);
-            a_scales(smem_addr(scl(stage)), cw, wtid, sc);
+            if constexpr (Cfg::kScalesL2) {
+#pragma unroll
+              for (int h = 0; h < 2; ++h) sc[h][0] = e8m0_f32(next[h] & 0xFF), sc[h][1] = e8m0_f32(next[h] >> 8);
+              if (kb + 1 < t.k_blocks) next[0] = a_scale_pair(p, srow, kb + 1), next[1] = a_scale_pair(p, srow + 8, kb + 1);
+            } else {
+              a_scales(smem_addr(scl(stage)), cw, wtid, sc);
+            }
             fp8_fragment(sa, cw, wtid, 0, sc, a[0]);
 #pragma unroll
             for (int kk = 0; kk < kBlockK / 16; ++kk) {

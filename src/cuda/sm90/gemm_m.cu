@@ -355,9 +355,25 @@ bool epilogue_warps_take(const detail::MGemmStep& s) {
   return width % kEwN == 0 && width % kWideN != 0;
 }
 
+// The MXFP8 GLU backward with epilogue warps (MXMOE_SM90_MX_GLU_BWD=ew or ew128, comparison runs
+// until measured): its tile width where it takes the step (BF16 B, dC written in bf16: the kernel's
+// epilogue warps do not quantize, so the MXFP8 outputs go through the quantizer), else 0.
+int mx_epilogue_warps_take(const detail::MGemmStep& s) {
+  if (s.epilogue != detail::Epilogue::glu_backward || !s.gemm.a.is_mxfp8() || s.gemm.b.is_mxfp8()) return 0;
+  if (!(s.ffn % 8 == 0 && tma_aligned(s.c.data) && s.out_bf16.data != nullptr && tma_aligned(s.out_bf16.data))) return 0;
+  return mx_epilogue_warps_n();
+}
+
 // Runs a step whose B is BF16 (A BF16 or MXFP8) or, with the store epilogue, MXFP8 on both sides;
 // mx: MXFP8 outputs the Mx::a GLU epilogues quantize themselves (fused_quantizing_epilogue).
 void run_gemm_m(const detail::MGemmStep& s, cudaStream_t stream, const MxOut& mx = {}) {
+  if (const int bn = mx_epilogue_warps_take(s); bn > 0) {
+    Workspace ws(gemm_m_workspace_bytes(s, bn), stream);
+    const MPlan plan = plan_gemm_m(s, bn, ws, stream);
+    launch_gemm_m_mx_ew(plan, bn, stream);
+    finish_gemm_m(s, plan, stream);
+    return;
+  }
   if (epilogue_warps_take(s)) {
     Workspace ws(gemm_m_workspace_bytes(s, kEwN), stream);
     const MPlan plan = plan_gemm_m(s, kEwN, ws, stream);
@@ -464,6 +480,8 @@ void run_gemm_m_blk(const detail::MGemmStep& s0, cudaStream_t stream) {
 bool fused_quantizing_epilogue(const detail::MGemmStep& s) {
   if (s.epilogue == detail::Epilogue::store || !s.gemm.a.is_mxfp8() || !has_quantized_outputs(s)) return false;
   if (env_is("MXMOE_SM90_MX_EPILOGUE", "unfused")) return false;
+  // The epilogue warps write dC in bf16 only.
+  if (s.epilogue == detail::Epilogue::glu_backward && mx_epilogue_warps_n() > 0) return false;
   for (const Mxfp8View* v : {&s.out_row, &s.out_col})
     if (v->data.data != nullptr && (v->format != QuantFormat::mxfp8 || !tma_aligned(v->data.data))) return false;
   return s.ffn % kMxBlock == 0;

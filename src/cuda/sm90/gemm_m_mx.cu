@@ -18,6 +18,9 @@ using AStoreKMNNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m,
 using AGluFwd = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::glu_forward, kPair, Mx::a>;
 using AGluBwd = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair, Mx::a>;
 using AGluBwdNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair, Mx::a>;
+// FP8 A, FC2 dgrad with epilogue warps (warps 1-3 of the producer warp group), A scales from L2.
+using AGluBwdEw = KernelConfig<kMxEwN, Major::k, Major::mn, Grouping::m, Epi::glu_backward_ew, kPair, Mx::a>;
+using AGluBwdEwNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::glu_backward_ew, kPair, Mx::a>;
 // FP8 A and B (B converted in shared memory): the store epilogue.
 using ABStoreKK = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::store, kPair, Mx::ab>;
 using ABStoreKMN = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::store, kPair, Mx::ab>;
@@ -49,6 +52,16 @@ void launch_gemm_m_mx(const detail::MGemmStep& s, const MPlan& plan, int bn, cud
       else launch_width<AStoreKK, AStoreKKNarrow>(plan, wide, stream);
       break;
   }
+}
+
+void launch_gemm_m_mx_ew(const MPlan& plan, int bn, cudaStream_t stream) {
+  launch_width<AGluBwdEw, AGluBwdEwNarrow>(plan, bn == kMxEwN, stream);
+}
+
+int mx_epilogue_warps_n() {
+  if (env_is("MXMOE_SM90_MX_GLU_BWD", "ew")) return kMxEwN;
+  if (env_is("MXMOE_SM90_MX_GLU_BWD", "ew128")) return kNarrowN;
+  return 0;
 }
 
 }  // namespace mxmoe::cuda::sm90

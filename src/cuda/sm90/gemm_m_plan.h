@@ -29,6 +29,13 @@ void finish_gemm_m(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t s
 // gemm_m_mx.cu: the kernel of a planned step whose A is MXFP8: B BF16 (any epilogue) or MXFP8
 // (store epilogue, converted in shared memory).
 void launch_gemm_m_mx(const detail::MGemmStep& s, const MPlan& plan, int bn, cudaStream_t stream);
+// The MXFP8 FC2 dgrad (glu_backward) with epilogue warps and the A scales loaded by the consumers
+// from L2 (gemm_kernel.cuh kScalesL2), tile width kMxEwN or 128 (mx_epilogue_warps_n).
+inline constexpr int kMxEwN = 192;
+void launch_gemm_m_mx_ew(const MPlan& plan, int bn, cudaStream_t stream);
+// MXMOE_SM90_MX_GLU_BWD (read per call, comparison runs): `ew` (192-wide tiles) or `ew128` runs the
+// MXFP8 GLU backward with epilogue warps; 0 otherwise (the in-line epilogue kernels).
+int mx_epilogue_warps_n();
 // Whether environment variable `name` is set to `value` (the backend's opt-in switches; gemm_m.cu).
 bool env_is(const char* name, const char* value);
 // MXMOE_SM90_FP8_B=convert: MXFP8 B of the store epilogue stays FP8 (gemm_kernel.cuh Mx::ab).

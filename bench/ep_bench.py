@@ -7,14 +7,16 @@ Part A, every preset, balanced and skewed router ids, rows sent as bf16 or as ro
 (fp8_dispatch), without and with a capacity (static splits): each rank brings T_rank = T / top_k /
 world tokens (T the preset's routed rows) and holds E / world of the preset's E experts. Timed:
   - dispatch + combine: mxmoe_torch.expert_parallel_mlp with the local GroupedMLP replaced by an
-    identity (IdentityExperts): permute, the count exchange and its host read, the row all-to-all
-    (MXFP8: quantize, E4M3 rows and scale rows, dequantize), the probabilities' all-to-all, regroup,
-    inverse regroup, the return all-to-all, unpermute: the module's own code, minus the experts;
+    identity (IdentityExperts): permute, the count exchange and its host read, the row exchange
+    (bf16: the rows' all-to-all, then the probabilities'; MXFP8: quantize, pack each row's E4M3
+    bytes, scale bytes and probability into one uint8 row, one all-to-all, regroup the bytes,
+    dequantize), regroup, inverse regroup, the return all-to-all, unpermute: the module's own code,
+    minus the experts;
   - raw: torch.distributed.all_to_all_single of the same row payload with the same split sizes, one
-    call a direction (bf16 rows; MXFP8: the E4M3 bytes and the scale bytes of a row packed in one
-    uint8 row of H + roundup(H/32, 4) bytes), then the return (bf16 rows, reverse splits);
-  - the layer's collectives: the all_to_all_single calls the module makes (counts, rows, MXFP8 scale
-    rows, probabilities, return), same tensors, nothing else.
+    call a direction (bf16 rows; MXFP8: the module's packed rows, H + roundup(H/32, 4) + 4 bytes),
+    then the return (bf16 rows, reverse splits);
+  - the layer's collectives: the all_to_all_single calls the module makes (counts, rows, bf16:
+    probabilities, return), same tensors, nothing else.
   GB/s = the row payload a rank sends + receives (both directions, its own block included) / the
   step time, averaged over the ranks; the step time of a sample is the slowest rank's. Bar: dispatch
   + combine >= 80% of the raw all-to-all's GB/s.
@@ -74,8 +76,10 @@ def scale_cols(hidden):
 
 
 def dispatch_row_bytes(hidden, fp8):
-    """Bytes of one dispatched row: 2H in bf16, H (E4M3) + roundup(H/32, 4) (E8M0) in MXFP8."""
-    return hidden + scale_cols(hidden) if fp8 else 2 * hidden
+    """Bytes of one dispatched row as its all-to-all moves it: 2H in bf16 (the probability travels in a
+    call of its own); in MXFP8 one packed row, H (E4M3) + roundup(H/32, 4) (E8M0) + 4 (its float32
+    probability) (_ep._packed_row_bytes)."""
+    return hidden + scale_cols(hidden) + PROB_BYTES if fp8 else 2 * hidden
 
 
 def combine_row_bytes(hidden):
@@ -94,10 +98,11 @@ def off_rank_bytes(n_send, n_recv, n_self, hidden, fp8):
     return payload_bytes(n_send - n_self, n_recv - n_self, hidden, fp8)
 
 
-def overhead_bytes(n_send, n_recv, experts, capacity):
-    """What dispatch + combine move beyond the row payload: the float32 probabilities of every
-    dispatched row and, without a capacity, the int64 counts of every expert (E sent, E received)."""
-    return (n_send + n_recv) * PROB_BYTES + (2 * experts * COUNT_BYTES if capacity < 0 else 0)
+def overhead_bytes(n_send, n_recv, experts, capacity, fp8=False):
+    """What dispatch + combine move beyond the row payload: with bf16 rows the float32 probabilities of
+    every dispatched row (MXFP8 rows carry theirs, in dispatch_row_bytes) and, without a capacity, the
+    int64 counts of every expert (E sent, E received)."""
+    return (0 if fp8 else (n_send + n_recv) * PROB_BYTES) + (2 * experts * COUNT_BYTES if capacity < 0 else 0)
 
 
 def gbps(nbytes, ms):
@@ -136,6 +141,23 @@ def make_ids(N, K, E, split, seed, popularity_seed, zipf):
     w = torch.empty(E, dtype=torch.float64)
     w[order] = 1.0 / torch.arange(1, E + 1, dtype=torch.float64) ** zipf
     return torch.multinomial(w.expand(N, E), K, replacement=False, generator=torch.Generator().manual_seed(seed))
+
+
+def record_all_to_all(fn):
+    """fn()'s result and the [bytes sent, bytes received] of every torch.distributed.all_to_all_single
+    call it makes, in order."""
+    import torch.distributed as dist
+    real, calls = dist.all_to_all_single, []
+
+    def recording(out, inp, *args, **kwargs):
+        calls.append([inp.numel() * inp.element_size(), out.numel() * out.element_size()])
+        return real(out, inp, *args, **kwargs)
+
+    dist.all_to_all_single = recording
+    try:
+        return fn(), calls
+    finally:
+        dist.all_to_all_single = real
 
 
 class IdentityExperts:
@@ -244,7 +266,6 @@ def part_a(shape, split, args, dev, timer, rank, world):
     ops = torch.ops.mxmoe
     T, K, H, E = shape["tokens"], shape["top_k"], shape["hidden"], shape["experts"]
     L = E // world
-    S = scale_cols(H)
     base = args.seed + 1000 * sorted(PRESETS).index(shape["preset"]) + 100 * SPLITS.index(split)
     ids_cpu = make_ids(T, K, E, split, base + rank, base, args.zipf)
     counts_cpu = torch.bincount(ids_cpu.reshape(-1), minlength=E)
@@ -276,13 +297,13 @@ def part_a(shape, split, args, dev, timer, rank, world):
                    "rank": rank, "counts": counts_cpu.tolist(), "n_send": n_send, "n_recv": n_recv,
                    "n_self": n_self, "payload_bytes": payload_bytes(n_send, n_recv, H, fp8),
                    "off_rank_bytes": off_rank_bytes(n_send, n_recv, n_self, H, fp8),
-                   "overhead_bytes": overhead_bytes(n_send, n_recv, E, C), "cells": {}, "check": {}}
+                   "overhead_bytes": overhead_bytes(n_send, n_recv, E, C, fp8), "cells": {}, "check": {}}
             layer = IdentityExperts(L, "mxfp8" if fp8 else "bf16")
 
             def dc():
                 return expert_parallel_mlp(x, ids, probs, layer, experts=E, capacity=C, fp8_dispatch=fp8)
 
-            row_cols, row_dtype = (H + S, torch.uint8) if fp8 else (H, torch.bfloat16)
+            row_cols, row_dtype = (dispatch_row_bytes(H, True), torch.uint8) if fp8 else (H, torch.bfloat16)
             go_in = torch.zeros(n_send, row_cols, dtype=row_dtype, device=dev)
             go_out = torch.empty(n_recv, row_cols, dtype=row_dtype, device=dev)
             back_in = torch.zeros(n_recv, H, dtype=torch.bfloat16, device=dev)
@@ -292,12 +313,8 @@ def part_a(shape, split, args, dev, timer, rank, world):
                 dist.all_to_all_single(go_out, go_in, output_split_sizes=r_splits, input_split_sizes=s_splits)
                 dist.all_to_all_single(back_out, back_in, output_split_sizes=s_splits, input_split_sizes=r_splits)
 
-            # the module's collectives, same shapes: counts (no capacity), rows (MXFP8: E4M3 rows, then
-            # scale rows), probabilities, results back
-            q_in = torch.zeros(n_send, H, dtype=row_dtype, device=dev)
-            q_out = torch.empty(n_recv, H, dtype=row_dtype, device=dev)
-            s_in = torch.zeros(n_send, S, dtype=torch.uint8, device=dev)
-            s_out = torch.empty(n_recv, S, dtype=torch.uint8, device=dev)
+            # the module's collectives, same shapes: counts (no capacity), rows (bf16 rows; MXFP8: the
+            # packed rows, E4M3 bytes + scale bytes + probability), bf16 only: probabilities, results back
             p_in = torch.zeros(n_send, dtype=torch.float32, device=dev)
             p_out = torch.empty(n_recv, dtype=torch.float32, device=dev)
             c_out = torch.empty_like(counts)
@@ -305,10 +322,9 @@ def part_a(shape, split, args, dev, timer, rank, world):
             def calls():
                 if C < 0:
                     dist.all_to_all_single(c_out, counts)
-                dist.all_to_all_single(q_out, q_in, output_split_sizes=r_splits, input_split_sizes=s_splits)
-                if fp8:
-                    dist.all_to_all_single(s_out, s_in, output_split_sizes=r_splits, input_split_sizes=s_splits)
-                dist.all_to_all_single(p_out, p_in, output_split_sizes=r_splits, input_split_sizes=s_splits)
+                dist.all_to_all_single(go_out, go_in, output_split_sizes=r_splits, input_split_sizes=s_splits)
+                if not fp8:
+                    dist.all_to_all_single(p_out, p_in, output_split_sizes=r_splits, input_split_sizes=s_splits)
                 dist.all_to_all_single(back_out, back_in, output_split_sizes=s_splits, input_split_sizes=r_splits)
 
             with torch.no_grad():
@@ -316,8 +332,11 @@ def part_a(shape, split, args, dev, timer, rank, world):
                     rec["cells"][name] = timer.cell(lambda fn=fn: timer(fn, W, I, inner))
 
                 def check():
-                    # identity experts: y = (kept slots of the token) x the rows as they crossed the wire
-                    y = dc()
+                    # identity experts: y = (kept slots of the token) x the rows as they crossed the wire;
+                    # and the mirror is faithful: calls() makes the module's all_to_all_single calls, in
+                    # its order, with the same bytes in and out
+                    y, module_calls = record_all_to_all(dc)
+                    _, mirror_calls = record_all_to_all(calls)
                     xw = ops.dequantize_mxfp8(*ops.quantize_mxfp8(x, "row"), "row", dtype=torch.bfloat16) \
                         if fp8 else x
                     kept = (permute(x, ids, experts=E, capacity=C).row_map >= 0).sum(1) if C >= 0 else \
@@ -325,7 +344,9 @@ def part_a(shape, split, args, dev, timer, rank, world):
                     want = (kept.float()[:, None] * xw.float()).to(torch.bfloat16)
                     return {"roundtrip_equal": bool(torch.equal(y, want)),
                             "roundtrip_max_abs_diff": float((y.float() - want.float()).abs().max()) if T else 0.0,
-                            "dropped_slots": int(T * K - kept.sum())}
+                            "dropped_slots": int(T * K - kept.sum()),
+                            "collectives_match": module_calls == mirror_calls,
+                            "collectives": module_calls}
 
                 rec["check"] = timer.cell(check)
             recs.append(rec)
@@ -553,7 +574,9 @@ def merge_a(per_rank):
         else:
             m["check"] = {"roundtrip_equal": all(c["roundtrip_equal"] for c in checks),
                           "roundtrip_max_abs_diff": max(c["roundtrip_max_abs_diff"] for c in checks),
-                          "dropped_slots": sum(c["dropped_slots"] for c in checks)}
+                          "dropped_slots": sum(c["dropped_slots"] for c in checks),
+                          "collectives_match": all(c["collectives_match"] for c in checks),
+                          "collectives": [c["collectives"] for c in checks]}
         merged.append(m)
     return merged
 
@@ -640,14 +663,16 @@ def build_markdown(meta, rows, blocks):
         L.append("Each rank brings T = T_preset / top_k / world tokens and holds E / world of the preset's E "
                  "experts. **dispatch + combine**: `mxmoe_torch.expert_parallel_mlp` with an identity in place of "
                  "the local GroupedMLP: permute, count all-to-all + the host read of the splits (no capacity), "
-                 "rows all-to-all (mxfp8: quantize, E4M3 rows, scale rows, dequantize), probabilities all-to-all, "
-                 "regroup, inverse regroup, return all-to-all, unpermute. **raw**: `all_to_all_single` of the same "
-                 "row payload, same split sizes, one call each way (mxfp8: E4M3 bytes and scale bytes packed in "
-                 "one uint8 row of H + roundup(H/32, 4) bytes; the return in bf16). **layer's collectives**: "
-                 "the module's `all_to_all_single` calls alone (counts, rows, scale rows, probabilities, "
-                 "return). GB/s = row payload a rank sends + receives, dispatch and return, its own block "
-                 "included, / step time, averaged over ranks (rows · (dispatch row bytes + 2H), dispatch row "
-                 "bytes 2H or H + roundup(H/32, 4)); the probabilities (4 B a row) and counts (8·E B) are not "
+                 "the rows' exchange (bf16: rows all-to-all, then probabilities all-to-all; mxfp8: quantize, "
+                 "each row's E4M3 bytes, scale bytes and probability packed in one uint8 row, one all-to-all, "
+                 "the bytes regrouped, dequantize), regroup, inverse regroup, return all-to-all, unpermute. "
+                 "**raw**: `all_to_all_single` of the same row payload, same split sizes, one call each way "
+                 "(mxfp8: the packed rows of H + roundup(H/32, 4) + 4 bytes; the return in bf16). **layer's "
+                 "collectives**: the module's `all_to_all_single` calls alone (counts, rows, bf16: "
+                 "probabilities, return). GB/s = row payload a rank sends + receives, dispatch and return, its "
+                 "own block included, / step time, averaged over ranks (rows · (dispatch row bytes + 2H), "
+                 "dispatch row bytes 2H or H + roundup(H/32, 4) + 4); the bf16 rows' probabilities (4 B a row, "
+                 "their own call) and the counts (8·E B) are not "
                  "counted, so every GB/s here is the same bytes / a different time and % of raw = raw ms / "
                  "dispatch+combine ms (the JSON's gbps_off_rank leaves out the block a rank sends itself). "
                  "Capacity: C = ceil(factor·T·K/E) rows per expert per source rank, every rank pair exchanging "
@@ -671,7 +696,8 @@ def build_markdown(meta, rows, blocks):
             sr = "; ".join(f"{x['n_send']}/{x['n_recv']}" for x in r["ranks"])
             ch = r["check"]
             rt = ("error: " + _short(ch["error"], 40)) if "error" in ch else \
-                ("exact" if ch["roundtrip_equal"] else f"DIFFERS ({ch['roundtrip_max_abs_diff']:.3g})")
+                ("exact" if ch["roundtrip_equal"] else f"DIFFERS ({ch['roundtrip_max_abs_diff']:.3g})") + \
+                ("" if ch.get("collectives_match", True) else "; collectives mirror DIFFERS")
             bar = "" if r["bar_met"] is None else ("meets" if r["bar_met"] else "below")
             L.append(f"| {r['preset']} | {r['split']} | {r['dispatch']} | {_cap(r)} | {r['tokens']} | {r['top_k']} | "
                      f"{r['hidden']} | {r['experts']} | {sr} | {_gb(r['payload_bytes_mean'] / 1e6)} | "
@@ -680,7 +706,9 @@ def build_markdown(meta, rows, blocks):
                      f"{_num(r['pct_calls'], '.0f')} | {rt} |")
         L.append("")
         L.append("Roundtrip: with identity experts y = (the token's kept slots) · (x as it crossed the wire: "
-                 "dequant(quant_row(x)) for mxfp8 rows), checked exactly. Expert rows (all ranks) min/max: " +
+                 "dequant(quant_row(x)) for mxfp8 rows), checked exactly; the same call also checks that the "
+                 "layer's-collectives cell makes the module's `all_to_all_single` calls (order, bytes in and "
+                 "out; the JSON's check.collectives). Expert rows (all ranks) min/max: " +
                  ", ".join(f"{r['preset']} {r['split']} {r['expert_rows_min']}/{r['expert_rows_max']}"
                            for r in rows if r["dispatch"] == rows[0]["dispatch"] and r["capacity_factor"] is None)
                  + ".")

@@ -11,22 +11,26 @@ Forward (the all-to-all dispatcher of Megatron-LM, over torch.distributed):
   2. exchange the per-expert row counts (all_to_all_single of an int64 [E] tensor);
   3. without a capacity, one host read: the split sizes per rank (`.tolist()`, as Megatron's
      dispatcher does); with a capacity the splits are static and nothing is read on the host;
-  4. all_to_all_single the rows (bf16, or row-wise MXFP8 with its scales: see Recipes) and their
-     probabilities (float32) with those splits;
+  4. all_to_all_single the rows and their probabilities (float32) with those splits: bf16 rows and
+     the probabilities in two calls; MXFP8 rows (see Recipes) in one, each row packed with its scales
+     and its probability;
   5. the received rows come grouped by source rank, then local expert: a device-side permutation
      (index_select with indices built from the received counts by torch ops, no Python loop over
      tokens) regroups them by local expert, then source rank (so the rows of an expert are in global
-     token order: rank 0's tokens, then rank 1's, ...);
+     token order: rank 0's tokens, then rank 1's, ...); MXFP8 rows are regrouped as bytes, then
+     dequantized;
   6. the local GroupedMLP runs with the probabilities (applied inside the layer) and device offsets;
   7. the regrouping is undone, the rows go back by the reverse all_to_all, and unpermute sums each
      token's k rows (fp32, slot order, rounded once).
 
 Everything is differentiable in x, probs and the local experts' parameters: the all-to-all of rows
 is an autograd Function whose backward is the reverse all-to-all (torch.distributed.nn.functional's
-all_to_all_single has the same backward but is deprecated and warns on every call). The local experts'
-weight gradients are complete on their rank (every token routed to them arrived there): no
-all-reduce of expert gradients over the EP group is needed. Gradients of parameters replicated
-over the EP group (a router, say) still need the usual data-parallel reduction.
+all_to_all_single has the same backward but is deprecated and warns on every call); the MXFP8
+dispatch's backward sends the rows' gradient (bf16) and the probabilities' (float32) back by two
+reverse all-to-alls, as the bf16 dispatch's does. The local experts' weight gradients are complete
+on their rank (every token routed to them arrived there): no all-reduce of expert gradients over the
+EP group is needed. Gradients of parameters replicated over the EP group (a router, say) still need
+the usual data-parallel reduction.
 
 Capacity (capacity_factor, None: no limit). C = ceil(capacity_factor * T * K / E), T this rank's
 token count (the exact integer arithmetic of MoE.capacity). Every rank must have the same T, so that
@@ -43,12 +47,18 @@ the summation order of zero terms).
 
 Recipes: "bf16" and "mxfp8". With "mxfp8" the rows travel as row-wise MXFP8 by default
 (fp8_dispatch): the sender quantizes its permuted rows (E4M3 and one E8M0 scale per 32 values,
-docs/numerics.md), both go through all_to_all_single (H + roundup(H/32, 4) bytes a row instead of 2H), and the
-receiver dequantizes them to bf16 (exact) for its GroupedMLP. So the layer sees x' =
-dequant(quant_row(x)) instead of x: its row-wise MXFP8 copy of x' has the same values as that of x,
-and its column-wise copy (for dW1) is quantized from x'. The gradient passes the quantization
-straight through (dx is the reverse all_to_all of the bf16 gradient of x'). fp8_dispatch=False
-sends bf16 rows, as the bf16 recipe does.
+docs/numerics.md) and packs each row's H E4M3 bytes, its roundup(H/32, 4) scale bytes and its
+probability's 4 bytes into one uint8 row (one copy): ONE all_to_all_single of H + roundup(H/32, 4) +
+4 bytes a row, instead of 2H + 4 bytes in two calls for bf16 rows. The receiver splits the rows with
+views and, while regrouping them, compacts the E4M3 bytes into a contiguous matrix and writes the
+scale rows straight into the 128-row-padded compact scale matrix dequantize_mxfp8 reads (the
+regrouping moves H bytes a row instead of 2H), then dequantizes them to bf16 (exact) for its
+GroupedMLP. So the layer sees x' = dequant(quant_row(x)) instead of x: its row-wise MXFP8 copy of x'
+has the same values as that of x, and its column-wise copy (for dW1) is quantized from x'. The
+gradient passes the quantization straight through (dx is the reverse all_to_all of the bf16 gradient
+of x'). fp8_dispatch=False sends bf16 rows, as the bf16 recipe does. The bf16 dispatch keeps two
+calls (rows, probabilities): packing the probabilities in would cost a copy of every 2H-byte row on
+the sender (permute writes its own buffer) to save one small collective.
 """
 
 import torch
@@ -89,45 +99,130 @@ class _AllToAll(torch.autograd.Function):
         return dx, None, None, None
 
 
+_PROB_BYTES = 4  # a float32 probability
+
+
 def _scale_cols(hidden):
     return (hidden // 32 + 3) // 4 * 4  # compact row-wise E8M0 scales: roundup(H / 32, 4) a row
 
 
-class _Mxfp8AllToAll(torch.autograd.Function):
-    """The rows' exchange in MXFP8: bf16 rows quantized row-wise, the E4M3 bytes and their scale rows
-    exchanged by all_to_all_single with the same splits, dequantized to bf16 on arrival. Backward: the
-    reverse all_to_all of the bf16 gradient (straight through the quantization)."""
+def _packed_row_bytes(hidden):
+    """Bytes of one MXFP8-dispatched row: H E4M3 bytes, roundup(H/32, 4) E8M0 scale bytes, the 4 bytes of
+    its float32 probability."""
+    return hidden + _scale_cols(hidden) + _PROB_BYTES
+
+
+def _pack_rows(x, probs):
+    """bf16 rows x [n, H] and their float32 probabilities [n] -> uint8 [n, _packed_row_bytes(H)]: each row
+    quantized row-wise to MXFP8 (docs/numerics.md), its E4M3 bytes, then its row of the compact scale
+    matrix (roundup(H/32, 4) bytes; the padding columns are the quantizer's zeros), then its probability's
+    bytes. One copy (torch.cat, in 4-byte words: H and the scale columns are multiples of 4) besides the
+    quantization; the scale matrix's padding rows (to 128) stay behind."""
+    n, hidden = x.shape
+    if probs.dtype != torch.float32 or probs.shape != (n,):
+        raise ValueError(_error(f"the dispatched probabilities must be float32 [{n}], got {probs.dtype} "
+                                f"{tuple(probs.shape)}"))
+    q, scales = _ops.quantize_mxfp8(x.contiguous(), "row")
+    return torch.cat([q.view(torch.int32), scales.view(-1, _scale_cols(hidden))[:n].view(torch.int32),
+                      probs.contiguous().view(torch.int32).view(n, 1)], 1).view(torch.uint8)
+
+
+def _unpack_rows(packed, hidden):
+    """Views (no copy) of _pack_rows' uint8 [n, _packed_row_bytes(H)] rows: (E4M3 bytes uint8 [n, H], scale
+    bytes uint8 [n, roundup(H/32, 4)], probabilities float32 [n]), each strided by the packed row."""
+    n, cols = packed.shape[0], _scale_cols(hidden)
+    width = hidden + cols
+    return packed[:, :hidden], packed[:, hidden:width], packed[:, width:].view(torch.float32).view(n)
+
+
+def _regroup(t, order, out=None):
+    """The rows of t [n, ...] (received order) in the local order: order is an int64 index [n] (local row
+    j = received row order[j], _regroup_index_n's inv) or (W, L, C), the capacity mode's blocks ([W, L, C]
+    -> [L, W, C]). Without out, the expressions the bf16 dispatch differentiates through (index_select;
+    reshape, transpose, reshape: a view where no copy is needed); with out (contiguous, t's shape and
+    dtype), written there."""
+    if isinstance(order, torch.Tensor):
+        return t.index_select(0, order) if out is None else torch.index_select(t, 0, order, out=out)
+    W, L, C = order
+    rest = tuple(t.shape[1:])
+    if out is None:
+        return t.reshape((W, L, C) + rest).transpose(0, 1).reshape((W * L * C,) + rest)
+    out.view((L, W, C) + rest).copy_(t.view((W, L, C) + rest).transpose(0, 1))
+    return out
+
+
+def _ungroup(g, order, n):
+    """The gradient of _regroup(t, order) for t with n rows, given that of its result: the very ops autograd
+    runs for _regroup's expressions (index_select's backward; the reshapes' and the transpose's)."""
+    rest = list(g.shape[1:])
+    if isinstance(order, torch.Tensor):
+        return torch.ops.aten.index_select_backward(g, [n] + rest, 0, order)
+    W, L, C = order
+    return g.reshape([L, W, C] + rest).transpose(0, 1).reshape([n] + rest)
+
+
+class _Mxfp8Dispatch(torch.autograd.Function):
+    """The MXFP8 dispatch: bf16 rows x [n_send, H] and their float32 probabilities [n_send] -> this rank's
+    rows, regrouped by `order` (_regroup): (bf16 [n_recv, H], float32 [n_recv]). The sender quantizes the
+    rows row-wise and packs each row's E4M3 bytes, scale bytes and probability into one uint8 row
+    (_pack_rows): ONE all_to_all_single. The receiver splits the packed rows with views and regroups
+    them while compacting: the E4M3 bytes into a contiguous [n_recv, H], the scale rows straight into the
+    compact scale matrix dequantize_mxfp8 reads (roundup(n_recv, 128) rows, the padding rows zeroed), the
+    probabilities into [n_recv]; then one dequantization to bf16 (exact). Backward: the gradients are
+    un-regrouped (the ops autograd ran before, _ungroup) and go back by the reverse all_to_all, the rows'
+    in bf16 (straight through the quantization), the probabilities' in float32, one collective each
+    (each only where its input needs a gradient, as two separate all-to-alls did)."""
 
     @staticmethod
-    def forward(ctx, x, output_splits, input_splits, group):
+    def forward(ctx, x, probs, order, output_splits, input_splits, group):
         ctx.group = group
         ctx.output_splits, ctx.input_splits = output_splits, input_splits
         n_send, hidden = x.shape
         n_recv = sum(output_splits) if output_splits is not None else n_send
-        cols = _scale_cols(hidden)
-        q, scales = _ops.quantize_mxfp8(x.contiguous(), "row")
-        scale_rows = scales.view(-1, cols)[:n_send].contiguous()  # row t's scales: bytes t * cols ...
-        recv_q = torch.empty((n_recv, hidden), dtype=torch.uint8, device=x.device)
-        dist.all_to_all_single(recv_q, q.view(torch.uint8), output_split_sizes=output_splits,
-                               input_split_sizes=input_splits, group=group)
-        recv_s = torch.empty((n_recv, cols), dtype=torch.uint8, device=x.device)
-        dist.all_to_all_single(recv_s, scale_rows, output_split_sizes=output_splits, input_split_sizes=input_splits,
+        ctx.n_recv = n_recv
+        if isinstance(order, torch.Tensor):
+            ctx.save_for_backward(order)
+            ctx.blocks = None
+        else:
+            ctx.blocks = order
+        send = _pack_rows(x, probs)
+        recv = send.new_empty((n_recv, send.shape[1]))
+        dist.all_to_all_single(recv, send, output_split_sizes=output_splits, input_split_sizes=input_splits,
                                group=group)
-        padded = torch.zeros(((n_recv + 127) // 128 * 128, cols), dtype=torch.uint8, device=x.device)
-        padded[:n_recv] = recv_s
-        return _ops.dequantize_mxfp8(recv_q.view(torch.float8_e4m3fn), padded.view(-1), "row",
-                                     dtype=torch.bfloat16)
+        del send
+        q, s, p = _unpack_rows(recv, hidden)
+        # The bytes move as 4-byte words (H and the scale columns are multiples of 4).
+        scales = recv.new_empty(((n_recv + 127) // 128 * 128, s.shape[1]))
+        scales[n_recv:].zero_()
+        _regroup(s.view(torch.int32), order, out=scales[:n_recv].view(torch.int32))
+        # Contiguous E4M3 rows (one copy). dequantize_mxfp8 must be given contiguous data: the op's own
+        # .contiguous() copy is a temporary that its view outlives (csrc/lowlevel_ops.cpp).
+        q = _regroup(q.view(torch.int32), order).contiguous().view(torch.float8_e4m3fn)
+        local_x = _ops.dequantize_mxfp8(q, scales.view(-1), "row", dtype=torch.bfloat16)
+        return local_x, _regroup(p, order).contiguous()
 
     @staticmethod
-    def backward(ctx, dy):
-        dx = _AllToAll.apply(dy.contiguous(), ctx.input_splits, ctx.output_splits, ctx.group)
-        return dx, None, None, None
+    def backward(ctx, d_x, d_probs):
+        order = ctx.saved_tensors[0] if ctx.blocks is None else ctx.blocks
+        dx = dprobs = None
+        if ctx.needs_input_grad[0]:
+            dx = _AllToAll.apply(_ungroup(d_x, order, ctx.n_recv).contiguous(), ctx.input_splits,
+                                 ctx.output_splits, ctx.group)
+        if ctx.needs_input_grad[1]:
+            dprobs = _AllToAll.apply(_ungroup(d_probs, order, ctx.n_recv).contiguous(), ctx.input_splits,
+                                     ctx.output_splits, ctx.group)
+        return dx, dprobs, None, None, None, None
 
 
-def _send_rows(x, output_splits, input_splits, group, fp8):
+def _dispatch(x, probs, order, output_splits, input_splits, group, fp8):
+    """Rows x [n_send, H] (bf16) and their probabilities [n_send] (float32) to their ranks, then regrouped
+    by `order` (_regroup): (bf16 [n_recv, H], float32 [n_recv]). fp8: _Mxfp8Dispatch (one collective);
+    otherwise two differentiable all-to-alls (bf16 rows, float32 probabilities) and the regrouping."""
     if fp8:
-        return _Mxfp8AllToAll.apply(x, output_splits, input_splits, group)
-    return _AllToAll.apply(x, output_splits, input_splits, group)
+        return _Mxfp8Dispatch.apply(x, probs, order, output_splits, input_splits, group)
+    recv_x = _AllToAll.apply(x, output_splits, input_splits, group)
+    recv_p = _AllToAll.apply(probs, output_splits, input_splits, group)
+    return _regroup(recv_x, order), _regroup(recv_p, order)
 
 
 def all_to_all(x, output_splits=None, input_splits=None, group=None):
@@ -197,12 +292,8 @@ def expert_parallel_mlp(x, expert_ids, probs, layer, *, experts, group=None, cap
 
     rows_x = p.x if p.x.shape[0] == n_send else p.x[:n_send]           # invalid ids: rows past offsets[E]
     rows_p = p.probs if p.probs.shape[0] == n_send else p.probs[:n_send]
-    recv_x = _send_rows(rows_x, recv_splits, send_splits, group, fp8_dispatch)
-    recv_p = all_to_all(rows_p, recv_splits, send_splits, group)
-
     dest, inv = _regroup_index_n(recv_counts, n_recv)
-    local_x = recv_x.index_select(0, inv)
-    local_p = recv_p.index_select(0, inv)
+    local_x, local_p = _dispatch(rows_x, rows_p, inv, recv_splits, send_splits, group, fp8_dispatch)
     local_offsets = nn.functional.pad(torch.cumsum(recv_counts.sum(0), 0), (1, 0)).to(torch.int32)
     local_y = layer(local_x, local_offsets, local_p)
     back_y = all_to_all(local_y.index_select(0, dest), send_splits, recv_splits, group)
@@ -221,13 +312,11 @@ def _capacity_forward(x, expert_ids, probs, layer, E, W, L, C, group, fp8_dispat
         row_map = torch.where(kept, ids * C + (p.row_map.to(torch.int64) - start), -1).to(torch.int32)
     rows = E * C
     padded = permute_by_map(x, row_map, probs, rows=rows)              # [W * L * C] rows, zeros padded
-    recv_x = _send_rows(padded.x, None, None, group, fp8_dispatch)    # [W (source), L, C, H]
-    recv_p = all_to_all(padded.probs, None, None, group)
-    H = x.shape[-1]
-    local_x = recv_x.reshape(W, L, C, H).transpose(0, 1).reshape(L * W * C, H)
-    local_p = recv_p.reshape(W, L, C).transpose(0, 1).reshape(L * W * C)
+    # received [W (source), L, C] rows, regrouped to [L, W, C]
+    local_x, local_p = _dispatch(padded.x, padded.probs, (W, L, C), None, None, group, fp8_dispatch)
     local_offsets = torch.arange(L + 1, dtype=torch.int32, device=dev) * (W * C)
     local_y = layer(local_x, local_offsets, local_p)
+    H = x.shape[-1]
     back = local_y.reshape(L, W, C, H).transpose(0, 1).reshape(W * L * C, H)
     back_y = all_to_all(back, None, None, group)
     return unpermute(back_y, row_map)

@@ -39,8 +39,13 @@ passed straight through; one mxfp8 case sends bf16 rows. For values in the E4M3 
 blocks the wire changes nothing the layer computes (it quantizes row-wise to the same values, and an
 E4M3 grid does not depend on a power-of-two scale there), so one case spreads each row over 14
 octaves, where the column-wise copy of wire_rows(x) differs from that of x and test_wire_matters checks
-that it does. test_fp8_dispatch_bytes checks that the MXFP8 rows are what travel (H + roundup(H/32, 4)
-bytes a row, against 2H).
+that it does. test_fp8_dispatch_bytes checks what travels, forward and backward: with MXFP8 dispatch
+one packed row per dispatched row (H E4M3 bytes + roundup(H/32, 4) scale bytes + its 4-byte
+probability) in ONE all_to_all_single, against 2H bf16 bytes and the probabilities in two; the backward
+collectives (bf16 gradient rows, float32 probability gradients) the same for both.
+test_pack_rows_round_trip checks the packing (H with padded scale columns, 0 to 129 rows, special
+probabilities) bit for bit, test_regroup_and_ungroup the regrouping and its gradient (signed zeros
+included) against the expressions autograd differentiates.
 
 The NCCL path (two GPUs, the same worker with backend "nccl") is skipped with a reason when fewer
 than two GPUs exist.
@@ -285,28 +290,32 @@ def test_fp8_dispatch_needs_mxfp8_and_wire_rows_are_exact():
 
 
 def _bytes_worker(rank, init_method, out_dir):
-    """Counts the bytes all_to_all_single moves for one mxfp8 forward, fp8 dispatch on and off."""
+    """Records (phase, bytes sent) for every all_to_all_single of one mxfp8 forward + backward, fp8
+    dispatch on and off."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=WORLD)
     try:
-        sent = []
+        sent, phase = [], ["forward"]
         real = dist.all_to_all_single
 
         def counting(out, inp, *a, **kw):
-            sent.append(inp.numel() * inp.element_size())
+            sent.append((phase[0], inp.numel() * inp.element_size()))
             return real(out, inp, *a, **kw)
 
         full, ranks = make_data(0, "mxfp8", False, (24, 24), False)
-        x, ids, probs, _ = ranks[rank]
+        x, ids, probs, dy = ranks[rank]
         totals = {}
         for fp8 in (False, True):
             ep = mxmoe_torch.ExpertParallelMLP.from_grouped_mlp(make_layer(full, "mxfp8", E, torch.device("cpu")),
                                                                 fp8_dispatch=fp8)
             sent.clear()
+            phase[0] = "forward"
             dist.all_to_all_single = counting
             try:
-                with torch.no_grad():
-                    ep(x, ids, probs)
+                xg, pg = x.clone().requires_grad_(True), probs.clone().requires_grad_(True)
+                y = ep(xg, ids, pg)
+                phase[0] = "backward"
+                (y.float() * dy).sum().backward()
             finally:
                 dist.all_to_all_single = real
             totals[fp8] = list(sent)
@@ -316,13 +325,95 @@ def _bytes_worker(rank, init_method, out_dir):
 
 
 def test_fp8_dispatch_bytes(tmp_path):
+    """What travels: MXFP8 dispatch sends each row's E4M3 bytes, scale bytes and probability in one packed
+    uint8 row (H + roundup(H/32, 4) + 4 bytes) by ONE all_to_all_single; the bf16 dispatch sends the bf16
+    rows (2H) and the float32 probabilities (4 bytes) by two. Backward is the same for both: the return's
+    reverse (bf16 rows), then the dispatch's reverse, bf16 rows and float32 probabilities."""
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     mp.spawn(_bytes_worker, args=(f"tcp://127.0.0.1:{free_port()}", str(tmp_path)), nprocs=WORLD, join=True)
+    rows = 24 * K  # every slot valid, no capacity: every rank sends 48 rows (and receives n_recv)
+    counts = E * 8
     for r in range(WORLD):
         t = torch.load(tmp_path / f"bytes{r}.pt")
-        # Exchanges in order: counts, rows (bf16: 2H a row; fp8: H, then the scale rows), probs, results.
-        rows = 24 * K  # every slot valid, no capacity
-        assert t[False][1] == rows * 2 * H, t[False]
-        assert t[True][1] == rows * H and t[True][2] == rows * ((H // 32 + 3) // 4 * 4), t[True]
-        assert len(t[True]) == len(t[False]) + 1
+        bf16, fp8 = t[False], t[True]
+        n_recv = bf16[3][1] // (2 * H)  # the results go back from the rows this rank received
+        # forward: counts, rows, (bf16: probabilities,) results
+        assert bf16[:4] == [("forward", counts), ("forward", rows * 2 * H), ("forward", rows * 4),
+                            ("forward", n_recv * 2 * H)], bf16
+        assert fp8[:3] == [("forward", counts), ("forward", rows * (H + (H // 32 + 3) // 4 * 4 + 4)),
+                           ("forward", n_recv * 2 * H)], fp8
+        # backward: the results' gradient (bf16), then the dispatch's reverse: rows (bf16) and probabilities
+        back = [("backward", rows * 2 * H)] + sorted([("backward", n_recv * 2 * H), ("backward", n_recv * 4)])
+        assert bf16[4:5] + sorted(bf16[5:]) == back, bf16
+        assert fp8[3:4] + sorted(fp8[4:]) == back, fp8
+
+
+def test_pack_rows_round_trip():
+    """_pack_rows / _unpack_rows: one uint8 row = E4M3 bytes, the row's compact scale bytes (the padding
+    columns included: H = 32, 96, 160, 2880 pad roundup(H/32, 4)), the probability's 4 bytes; the
+    unpacked parts are views of the packed rows, bit-identical to the quantizer's output and to the
+    probabilities (signed zeros, subnormals, NaN included), and dequantizing them (the scale rows in a
+    128-row padded matrix) gives dequant(quant_row(x)) bit for bit."""
+    from mxmoe_torch._ep import _pack_rows, _packed_row_bytes, _scale_cols, _unpack_rows
+    ops = torch.ops.mxmoe
+    g = torch.Generator().manual_seed(11)
+    for hidden in (32, 64, 96, 160, 2880):
+        S = _scale_cols(hidden)
+        assert S == (hidden // 32 + 3) // 4 * 4 and S % 4 == 0 and S >= hidden // 32
+        for n in (0, 1, 37, 129):
+            x = (torch.randn(n, hidden, generator=g) * torch.exp2(-8 * torch.rand(n, hidden, generator=g))).bfloat16()
+            probs = torch.rand(n, generator=g)
+            special = torch.tensor([-0.0, 0.0, 1e-42, float("nan"), float("inf"), 1.0])[:n]
+            probs[:special.numel()] = special
+            packed = _pack_rows(x, probs)
+            assert packed.dtype == torch.uint8 and packed.shape == (n, _packed_row_bytes(hidden))
+            assert _packed_row_bytes(hidden) == hidden + S + 4
+            q, s, p = _unpack_rows(packed, hidden)
+            assert q.shape == (n, hidden) and s.shape == (n, S) and p.shape == (n,) and p.dtype == torch.float32
+            if n:  # views of the packed rows at offsets 0, H, H + S
+                base = packed.data_ptr()
+                assert (q.data_ptr(), s.data_ptr(), p.data_ptr()) == (base, base + hidden, base + hidden + S)
+            want_q, want_s = ops.quantize_mxfp8(x, "row")
+            assert torch.equal(q, want_q.view(torch.uint8))
+            assert torch.equal(s, want_s.view(-1, S)[:n])
+            assert torch.equal(p.view(torch.int32), probs.view(torch.int32))
+            scales = torch.zeros((n + 127) // 128 * 128, S, dtype=torch.uint8)
+            scales[:n] = s
+            got = ops.dequantize_mxfp8(q.contiguous().view(torch.float8_e4m3fn), scales.view(-1), "row",
+                                       dtype=torch.bfloat16)
+            want = ops.dequantize_mxfp8(want_q, want_s, "row", dtype=torch.bfloat16)
+            assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.parametrize("order", ["index", "blocks", "blocks_l1"])
+def test_regroup_and_ungroup(order):
+    """_regroup writes (or returns) the rows in the local order the old expressions gave; _ungroup is
+    bit for bit (signed zeros included) the gradient autograd computes through them."""
+    from mxmoe_torch._ep import _regroup, _regroup_index_n, _ungroup
+    g = torch.Generator().manual_seed(3)
+    if order == "index":
+        counts = torch.tensor([[2, 0, 3], [1, 4, 0]])
+        n = int(counts.sum())
+        _, plan = _regroup_index_n(counts, n)
+        old = lambda t: t.index_select(0, plan)
+    else:
+        W, L, C = (2, 3, 2) if order == "blocks" else (2, 1, 3)
+        n, plan = W * L * C, (W, L, C)
+        old = lambda t: t.reshape((W, L, C) + tuple(t.shape[1:])).transpose(0, 1).reshape((n,) + tuple(t.shape[1:]))
+    wide = torch.randint(0, 256, (n, 24), dtype=torch.uint8, generator=g)
+    for t in (wide[:, 5:13], wide[:, 4:12].view(torch.int32), wide[:, 16:20].view(torch.float32).view(n),
+              torch.randn(n, 6).bfloat16()):
+        want = old(t)
+        assert torch.equal(_regroup(t, plan), want)
+        out = torch.full((n + 3,) + tuple(t.shape[1:]), 7, dtype=t.dtype)[:n]
+        assert _regroup(t, plan, out=out).data_ptr() == out.data_ptr()
+        assert torch.equal(out.view(torch.uint8), want.contiguous().view(torch.uint8))
+    for shape in ((n, 6), (n,)):
+        src = torch.randn(shape, generator=g).bfloat16().requires_grad_(True)
+        dy = torch.randn(shape, generator=g).bfloat16()
+        dy[::2] = -0.0
+        (got_old,) = torch.autograd.grad(old(src), src, dy)
+        got = _ungroup(dy, plan, n)
+        assert got.shape == src.shape
+        assert torch.equal(got.contiguous().view(torch.int16), got_old.contiguous().view(torch.int16))

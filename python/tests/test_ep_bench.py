@@ -40,10 +40,12 @@ bench = _load_bench()
 def test_scale_and_row_bytes_by_hand():
     # roundup(H / 32, 4): 64 -> 2 -> 4; 2880 -> 90 -> 92; 7168 -> 224; 4096 -> 128; 2048 -> 64
     assert [bench.scale_cols(h) for h in (64, 2880, 7168, 4096, 2048)] == [4, 92, 224, 128, 64]
+    # bf16: 2H (the probability has its own call); MXFP8: H + roundup(H/32, 4) + 4 (the packed row carries
+    # the float32 probability)
     assert bench.dispatch_row_bytes(64, fp8=False) == 128
-    assert bench.dispatch_row_bytes(64, fp8=True) == 68
-    assert bench.dispatch_row_bytes(2880, fp8=True) == 2972
-    assert bench.dispatch_row_bytes(7168, fp8=True) == 7392
+    assert bench.dispatch_row_bytes(64, fp8=True) == 64 + 4 + 4 == 72
+    assert bench.dispatch_row_bytes(2880, fp8=True) == 2880 + 92 + 4 == 2976
+    assert bench.dispatch_row_bytes(7168, fp8=True) == 7168 + 224 + 4 == 7396
     assert bench.combine_row_bytes(7168) == 14336
 
 
@@ -54,18 +56,31 @@ def test_scale_cols_matches_the_layer():
         assert bench.scale_cols(h) == _scale_cols(h), h
 
 
+@needs_library
+def test_dispatch_row_bytes_match_the_layer():
+    """The MXFP8 row the benchmark counts is the packed row the module sends (and what _pack_rows makes)."""
+    from mxmoe_torch._ep import _pack_rows, _packed_row_bytes
+    for h in (32, 64, 96, 160, 2880, 7168):
+        assert bench.dispatch_row_bytes(h, fp8=True) == _packed_row_bytes(h), h
+        x = torch.zeros(3, h, dtype=torch.bfloat16)
+        assert _pack_rows(x, torch.zeros(3)).shape == (3, bench.dispatch_row_bytes(h, fp8=True)), h
+
+
 def test_payload_and_bandwidth_by_hand():
     # 10 rows dispatched, 6 received, H = 64: each of the 16 rows crosses once each way
     assert bench.payload_bytes(10, 6, 64, fp8=False) == 16 * (128 + 128) == 4096
-    assert bench.payload_bytes(10, 6, 64, fp8=True) == 16 * (68 + 128) == 3136
+    assert bench.payload_bytes(10, 6, 64, fp8=True) == 16 * (72 + 128) == 3200
     # 4 of the 10 rows go to this rank itself: 8 fewer row crossings
     assert bench.off_rank_bytes(10, 6, 4, 64, fp8=False) == 8 * 256 == 2048
     # dsv3, balanced, 2 ranks: 2048 tokens x 8 slots sent, as many received, 7168 wide
     assert bench.payload_bytes(16384, 16384, 7168, fp8=False) == 32768 * 28672 == 939_524_096
-    assert bench.payload_bytes(16384, 16384, 7168, fp8=True) == 32768 * (7392 + 14336) == 711_983_104
-    # probabilities (4 B a row, both ways) and, without a capacity, the int64 counts of 32 experts both ways
+    assert bench.payload_bytes(16384, 16384, 7168, fp8=True) == 32768 * (7396 + 14336) == 712_114_176
+    # bf16 rows: the probabilities (4 B a row, both ways, their own call) and, without a capacity, the
+    # int64 counts of 32 experts both ways; MXFP8 rows carry their probabilities: the counts alone
     assert bench.overhead_bytes(10, 6, 32, capacity=-1) == 64 + 512
     assert bench.overhead_bytes(10, 6, 32, capacity=5) == 64
+    assert bench.overhead_bytes(10, 6, 32, capacity=-1, fp8=True) == 512
+    assert bench.overhead_bytes(10, 6, 32, capacity=5, fp8=True) == 0
     assert bench.gbps(1e9, 1.0) == pytest.approx(1000.0)
     assert bench.gbps(939_524_096, 2.0) == pytest.approx(469.762048)
 
@@ -116,6 +131,16 @@ def test_smoke_run_writes_the_report(tmp_path):
             assert math.isfinite(c["ms"]) and c["ms"] > 0 and c["gbps"] > 0, (name, cell, c)
         assert r["pct_raw"] > 0 and r["bar_met"] in (True, False), name
         assert r["check"]["roundtrip_equal"], (name, r["check"])
+        # the layer's-collectives cell mirrors the module's calls: count (no capacity), rows, bf16: the
+        # probabilities, return; MXFP8 rows are one packed call of H + roundup(H/32, 4) + 4 bytes a row
+        assert r["check"]["collectives_match"], (name, r["check"])
+        calls_per_rank = r["check"]["collectives"]
+        n_calls = (1 if r["capacity_factor"] is None else 0) + (2 if r["dispatch"] == "mxfp8" else 3)
+        assert all(len(c) == n_calls for c in calls_per_rank), (name, calls_per_rank)
+        row = 1 if r["capacity_factor"] is None else 0
+        for k, c in zip(r["ranks"], calls_per_rank):
+            assert c[row] == [k["n_send"] * bench.dispatch_row_bytes(r["hidden"], r["dispatch"] == "mxfp8"),
+                              k["n_recv"] * bench.dispatch_row_bytes(r["hidden"], r["dispatch"] == "mxfp8")], name
         assert len(r["ranks"]) == 2
         fp8 = r["dispatch"] == "mxfp8"
         for k in r["ranks"]:

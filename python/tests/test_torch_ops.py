@@ -262,7 +262,17 @@ def test_lowlevel_ops_match_torch(device):
     b = torch.randn(E, N, K, generator=g).bfloat16().to(device)
     bt = torch.randn(T, N, generator=g).bfloat16().to(device)
     data, scales = mxmoe_torch.quantize_mxfp8(a, "row")
-    assert rel_error(mxmoe_torch.dequantize_mxfp8(data, scales), a) < 0.07  # E4M3: 3 mantissa bits
+    deq = mxmoe_torch.dequantize_mxfp8(data, scales)
+    assert rel_error(deq, a) < 0.07  # E4M3: 3 mantissa bits
+    # Non-contiguous inputs (a strided view of wider storage): the op reads the same values, from
+    # contiguous copies that live through the call.
+    def strided(t):
+        wide = torch.zeros(2 * t.numel(), dtype=t.dtype, device=t.device)
+        out = torch.as_strided(wide, t.shape, [2 * st for st in t.stride()])
+        out.copy_(t)
+        assert not out.is_contiguous() and torch.equal(out, t)
+        return out
+    assert torch.equal(mxmoe_torch.dequantize_mxfp8(strided(data), strided(scales)), deq)
     d = mxmoe_torch.grouped_gemm_m(a, offsets, b, dtype=torch.float32)
     dk = mxmoe_torch.grouped_gemm_k(a, bt, offsets)
     start = 0

@@ -70,8 +70,10 @@ at::Tensor dequantize_mxfp8(const at::Tensor& data, const at::Tensor& scales, st
   TORCH_CHECK(data.dim() == 2, "mxmoe: dequantize_mxfp8 takes data [M, K], got ", data.sizes());
   at::Tensor out = at::empty(data.sizes(), data.options().dtype(dtype.value_or(at::kFloat)));
   if (data.size(0) == 0) return out;
+  // The contiguous copies live as long as the views into them (a temporary would be freed before the call).
+  const at::Tensor src = data.contiguous(), src_scales = scales.contiguous();
   DequantizeArgs a;
-  a.src = mx_view(data.contiguous(), scales.contiguous(), parse_axis(axis), parse_layout(scale_layout));
+  a.src = mx_view(src, src_scales, parse_axis(axis), parse_layout(scale_layout));
   a.groups = groups_view(groups);
   a.dst = view(out);
   CallContext cc(data);

@@ -48,7 +48,9 @@ probabilities) bit for bit, test_regroup_and_ungroup the regrouping and its grad
 included) against the expressions autograd differentiates.
 
 The NCCL path (two GPUs, the same worker with backend "nccl") is skipped with a reason when fewer
-than two GPUs exist.
+than two GPUs exist, as is test_static_capacity_captures_in_a_cuda_graph_nccl: the static-capacity
+mode (no host read) captured in one CUDA graph, forward and backward, replayed on new batches, equal
+to eager runs, both recipes.
 
 Run: PYTHONPATH=python MXMOE_TORCH_LIBRARY=<build>/python/libmxmoe_torch.so python -m pytest python/tests/test_ep.py
 """
@@ -243,6 +245,87 @@ def test_expert_parallel_nccl(tmp_path):
     except RuntimeError as error:
         pytest.skip(f"mxmoe permute does not run on CUDA in this build: {error}")
     run_and_compare("nccl", tmp_path, torch.device("cuda", 0))
+
+
+GRAPH_CASES = [("bf16", False), ("mxfp8", True)]  # (recipe, fp8_dispatch), static capacity 0.75
+
+
+def _graph_worker(rank, init_method, out_dir):
+    """The static-capacity mode (no host read) captured in one CUDA graph, forward and backward, then
+    replayed on two new batches copied into the captured inputs: every output and gradient of each
+    replay must equal an eager run on the same batch."""
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", init_method=init_method, rank=rank, world_size=WORLD)
+    try:
+        report = []
+        for c, (recipe, fp8) in enumerate(GRAPH_CASES):
+            full, _ = make_data(100 + c, recipe, False, (24, 24), False)
+            ep = mxmoe_torch.ExpertParallelMLP.from_grouped_mlp(make_layer(full, recipe, E, device),
+                                                                capacity_factor=0.75, fp8_dispatch=fp8,
+                                                                device=device)
+            batches = [[t.to(device) for t in make_data(200 + 10 * c + b, recipe, False, (24, 24), False)[1][rank]]
+                       for b in range(3)]
+            params = [q for q in ep.local.parameters()]
+
+            def step(x, ids, probs, dy):
+                y = ep(x, ids, probs)
+                (y.float() * dy).sum().backward()
+                return y
+
+            def eager(batch):
+                for q in params:
+                    q.grad = None
+                x, ids, probs, dy = batch
+                x, probs = x.clone().requires_grad_(True), probs.clone().requires_grad_(True)
+                y = step(x, ids, probs, dy)
+                return [y.detach().clone(), x.grad.clone(), probs.grad.clone()] + [q.grad.clone() for q in params]
+
+            want = [eager(b) for b in batches[1:]]
+            x_s, ids_s, probs_s, dy_s = (t.clone() for t in batches[0])
+            x_s.requires_grad_(True)
+            probs_s.requires_grad_(True)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up outside the capture, as torch.cuda.graphs asks
+                for _ in range(2):
+                    for t in [x_s, probs_s] + params:
+                        t.grad = None
+                    step(x_s, ids_s, probs_s, dy_s)
+            torch.cuda.current_stream().wait_stream(side)
+            for t in [x_s, probs_s] + params:
+                t.grad = None
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                y_s = step(x_s, ids_s, probs_s, dy_s)
+            for b, batch in enumerate(batches[1:]):
+                with torch.no_grad():
+                    for dst, src in zip((x_s, ids_s, probs_s, dy_s), batch):
+                        dst.copy_(src)
+                graph.replay()
+                torch.cuda.synchronize()
+                got = [y_s, x_s.grad, probs_s.grad] + [q.grad for q in params]
+                same = [torch.equal(g, w) for g, w in zip(got, want[b])]
+                report.append((recipe, b, same))
+        torch.save(report, os.path.join(out_dir, f"graph{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_static_capacity_captures_in_a_cuda_graph_nccl(tmp_path):
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n < 2:
+        pytest.skip(f"the NCCL CUDA-graph test needs 2 GPUs, found {n}")
+    if not dist.is_nccl_available():
+        pytest.skip("torch.distributed was built without NCCL")
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    mp.spawn(_graph_worker, args=(init_method, str(tmp_path)), nprocs=WORLD, join=True)
+    for r in range(WORLD):
+        report = torch.load(tmp_path / f"graph{r}.pt")
+        assert len(report) == 2 * len(GRAPH_CASES)
+        for recipe, b, same in report:
+            print(f"rank {r} {recipe} replay {b}: equal to eager {same}")
+            assert all(same), f"rank {r} {recipe} replay {b}: y, dx, dprobs, dW equal to eager: {same}"
 
 
 def test_regroup_index():

@@ -328,5 +328,39 @@ TEST(Allocator, CallerAllocatorServesEveryLibraryBufferAndGetsThemBack) {
   EXPECT_TRUE(bytes_equal(run_layer(plain, Device{}, d).dw1.view, with.dw1.view));
 }
 
+// The layer's library memory where its GEMMs' backend reads weight copies, every buffer through a
+// counting allocator: the peak is what forward or backward holds at its fullest step, computed from
+// the buffers' sizes (FC1 fprop with W1's copy; FC2 dgrad with W2's copy; FC1 dgrad with W1's copy
+// once C, dY's row-wise copy and W2's copy are freed), and everything comes back.
+TEST(Allocator, WeightCopiesAndReleasesSetThePeak) {
+  CopyReadingBackend reader;
+  const Problem p = small_problem(Recipe::mxfp8);
+  const LayerData d = make_layer_data(p, {10, 0, 23});
+  const int64_t T = d.tokens, H = p.hidden, F = p.ffn, E = p.experts;
+  const detail::QuantSpec q = detail::quant_spec(p, ScaleLayout::compact);
+  auto mx = [&](int64_t cols, BlockAxis axis) { return detail::quant_bytes(q, T, cols, axis, E, "test"); };
+  const int64_t c = detail::tensor_bytes(DType::bf16, {T, 2 * F}, "test");
+  const int64_t x_row = mx(H, BlockAxis::row), x_col = mx(H, BlockAxis::col), a_row = mx(F, BlockAxis::row),
+                a_col = mx(F, BlockAxis::col), dy_row = mx(H, BlockAxis::row), dy_col = mx(H, BlockAxis::col),
+                dc_row = mx(2 * F, BlockAxis::row), dc_col = mx(2 * F, BlockAxis::col);
+  const int64_t w1_copy = E * 2 * F * H * 2, w2_copy = E * H * F * 2;
+  const int64_t saved = c + x_col + a_col;
+  const int64_t fc1_fprop = c + x_row + x_col + a_row + a_col + w1_copy;
+  const int64_t fc2_dgrad = saved + dy_row + dy_col + dc_row + dc_col + w2_copy;
+  const int64_t fc1_dgrad = saved - c + dy_col + dc_row + dc_col + w1_copy;
+  CountingAllocator counter;
+  Options o;
+  o.allocator = {&CountingAllocator::allocate, &CountingAllocator::release, &counter};
+  detail::register_backend(&reader);
+  Context ctx(o);
+  LayerOutputs out;
+  EXPECT_NO_THROW(out = run_layer(ctx, Device{}, d));
+  detail::unregister_backend(&reader);
+  EXPECT_EQ(reader.copy_gemms, 4);
+  EXPECT_EQ(counter.peak_bytes, std::max({fc1_fprop, fc2_dgrad, fc1_dgrad}))
+      << "fc1 fprop " << fc1_fprop << ", fc2 dgrad " << fc2_dgrad << ", fc1 dgrad " << fc1_dgrad;
+  EXPECT_EQ(counter.live_bytes, 0);
+}
+
 }  // namespace
 }  // namespace mxmoe::test

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <functional>
 #include <random>
+#include <tuple>
 
 #include "src/api/tooling.h"
 #include "tools/mxmoe/cli.h"
@@ -260,6 +261,19 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, bool pow2, DType dw_d
     const WeightsArgs wargs{fa.w1, fa.w2};
     if (want_bf16_copies(ctx, p, wargs, dev))
       for (OwnedExpertMxfp8* w : {&w1_row, &w2_row, &w2_col, &w1_col}) w->add_bf16_copy(opt, dev);
+    if (p.recipe == Recipe::mxfp8 && copies_read_on(ctx, dev)) {
+      // The layer's per-call weights where the GEMMs read bf16 copies: each weight quantized
+      // straight into its copy alone (rows "quantize_w1_copy", "quantize_w2_copy"; row-wise, the
+      // column-wise ones move the same bytes).
+      for (auto [rows, cols, src, label] : {std::tuple{2 * F, H, fa.w1, "quantize_w1_copy"},
+                                            std::tuple{H, F, fa.w2, "quantize_w2_copy"}}) {
+        const OwnedExpertMxfp8 copy =
+            make_expert_copy_only(opt, dev, E, rows, cols, BlockAxis::row, qs.layout, /*allocate_copy=*/true);
+        LayerStep st = quantize_w1(copy.quantize_from(src));
+        st.label = label;
+        time_step(st);
+      }
+    }
     if (want_transposed_copies(ctx, p, wargs, dev))
       for (OwnedExpertMxfp8* w : {&w2_col, &w1_col}) w->add_transposed_copy(opt, dev);
     time_step(quantize_x({fa.x, fa.offsets, x_row.view, x_col.view, qs.pow2_scales}));

@@ -233,12 +233,16 @@ def test_expert_parallel_gloo(tmp_path):
     run_and_compare("gloo", tmp_path, torch.device("cpu"))
 
 
-def test_expert_parallel_nccl(tmp_path):
+def _skip_unless_two_gpus(what):
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if n < 2:
-        pytest.skip(f"the NCCL expert-parallel test needs 2 GPUs, found {n}")
+        pytest.skip(f"{what} needs 2 GPUs, found {n}")
     if not dist.is_nccl_available():
         pytest.skip("torch.distributed was built without NCCL")
+
+
+def test_expert_parallel_nccl(tmp_path):
+    _skip_unless_two_gpus("the NCCL expert-parallel test")
     try:  # the permute steps need a CUDA backend (cuda_portable)
         mxmoe_torch.permute(torch.zeros(1, H, dtype=torch.bfloat16, device="cuda"),
                             torch.zeros(1, K, dtype=torch.int32, device="cuda"), experts=E)
@@ -313,11 +317,7 @@ def _graph_worker(rank, init_method, out_dir):
 
 
 def test_static_capacity_captures_in_a_cuda_graph_nccl(tmp_path):
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if n < 2:
-        pytest.skip(f"the NCCL CUDA-graph test needs 2 GPUs, found {n}")
-    if not dist.is_nccl_available():
-        pytest.skip("torch.distributed was built without NCCL")
+    _skip_unless_two_gpus("the NCCL CUDA-graph test")
     init_method = f"tcp://127.0.0.1:{free_port()}"
     mp.spawn(_graph_worker, args=(init_method, str(tmp_path)), nprocs=WORLD, join=True)
     for r in range(WORLD):

@@ -144,7 +144,8 @@ for s in $steps; do
       # The MXFP8 FC2 dgrad (GLU backward) variants beside the default (in-line epilogue, 256-wide
       # where F > 128): 128-wide tiles (MXMOE_SM90_MX_GLU_BWD_N=128), epilogue warps on 192- or
       # 128-wide tiles with the A scales from L2 (MXMOE_SM90_MX_GLU_BWD=ew / ew128; session 15, not
-      # yet run). Per variant: the GLU and layer GPU tests (against the CPU reference), then `mxmoe
+      # yet run; GpuGluBackward.Mxfp8TileVariantsMatchCpu sets them itself). Per variant: the GLU and
+      # layer GPU tests (against the CPU reference), then `mxmoe
       # bench --recipe mxfp8` on GLU_ARGS (default: every preset but small, both splits):
       # $OUT/glu_<variant>.json (fc2_dgrad rows); memcheck and racecheck on the ew GLU tests.
       for v in default n128 ew ew128; do

@@ -8,6 +8,8 @@
 // Run: <build>/tests/mxmoe_gpu_tests --gtest_filter='*GpuGlu*'
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <utility>
 #include <vector>
 
 #include "tests/gpu_support.h"
@@ -396,6 +398,35 @@ TEST_P(GpuGluBackward, MatchesCpuBothRecipesActivationsAndLayouts) {
         expect_glu_backward_ok(
             backend(), GluCase{.h = 256, .f = 96, .mx = mx, .mx_out = mx, .b_kn = true, .act = act, .layout = layout});
       }
+#endif
+}
+
+// cuda_sm90's MXFP8 GLU-backward variants, chosen by switches read per call (src/cuda/sm90/gemm_m.cu):
+// 128-wide tiles (MXMOE_SM90_MX_GLU_BWD_N=128), epilogue warps on 192- and 128-wide tiles with the A
+// scales from L2 (MXMOE_SM90_MX_GLU_BWD=ew / ew128). Several n-tiles and a partial last one, groups
+// ending inside tiles, both GLU and scale layouts, MXFP8 and bf16 dC. Other backends ignore them.
+TEST_P(GpuGluBackward, Mxfp8TileVariantsMatchCpu) {
+#if defined(MXMOE_WITH_CUDA)
+  struct Switch {
+    const char* name;
+    Switch(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+    ~Switch() { unsetenv(name); }
+  };
+  for (auto [name, value] : {std::pair{"MXMOE_SM90_MX_GLU_BWD_N", "128"}, std::pair{"MXMOE_SM90_MX_GLU_BWD", "ew"},
+                             std::pair{"MXMOE_SM90_MX_GLU_BWD", "ew128"}}) {
+    SCOPED_TRACE(testing::Message() << name << "=" << value);
+    const Switch on(name, value);
+    expect_glu_backward_ok(backend(),
+                           GluCase{.sizes = {41, 0, 129, 300}, .h = 320, .f = 1440, .mx = true, .mx_out = true,
+                                   .b_kn = true, .act = Activation::clamped_swiglu, .layout = GluLayout::interleave32},
+                           BwdOptions{.db1 = DType::f32, .accumulate = true});
+    expect_glu_backward_ok(backend(), GluCase{.sizes = {37, 0, 161, 300, 1}, .h = 192, .f = 416, .mx = true,
+                                              .mx_out = false, .b_kn = true});
+    expect_glu_backward_ok(backend(), GluCase{.sizes = {41, 0, 129}, .h = 1408, .f = 2880 / 2, .mx = true,
+                                              .mx_out = true, .b_kn = true, .act = Activation::clamped_swiglu,
+                                              .layout = GluLayout::interleave32, .scale_layout = ScaleLayout::swizzled},
+                           BwdOptions{.db1 = DType::bf16, .dprob_add = false});
+  }
 #endif
 }
 

@@ -195,8 +195,7 @@ class _Mxfp8Dispatch(torch.autograd.Function):
         scales = recv.new_empty(((n_recv + 127) // 128 * 128, s.shape[1]))
         scales[n_recv:].zero_()
         _regroup(s.view(torch.int32), order, out=scales[:n_recv].view(torch.int32))
-        # Contiguous E4M3 rows (one copy). dequantize_mxfp8 must be given contiguous data: the op's own
-        # .contiguous() copy is a temporary that its view outlives (csrc/lowlevel_ops.cpp).
+        # Contiguous E4M3 rows (one copy, the regrouping's), which dequantize_mxfp8 reads in place.
         q = _regroup(q.view(torch.int32), order).contiguous().view(torch.float8_e4m3fn)
         local_x = _ops.dequantize_mxfp8(q, scales.view(-1), "row", dtype=torch.bfloat16)
         return local_x, _regroup(p, order).contiguous()

@@ -3,7 +3,7 @@
 `mxmoe bench` measures its peak (bench.cpp: the resident x, dY, W1, W2, y, dX, probs, dprobs and
 bf16 dW1, dW2, plus the high watermark of the stream-ordered pool the library allocates from).
 
-Three dataflows, every preset (tools/mxmoe/presets.cpp):
+Dataflows, every preset (tools/mxmoe/presets.cpp):
   - `fp8 route`: FP8 copies of W1 and W2 held for the whole call, each GEMM dequantizing its own into
     a transient bf16 buffer; everything freed at the end of the call (mxmoe up to session 14;
     MXMOE_SM90_MX_WEIGHTS=fp8 since). Checked against session 14's measured peaks.
@@ -14,6 +14,9 @@ Three dataflows, every preset (tools/mxmoe/presets.cpp):
     A column-wise; dY row-wise, read there; dC row- and column-wise, written there) plus W2 in FP8 (a
     kernel converting FP8 weights in shared memory needs no bf16 copy). dY's column-wise copy is left
     out: it could be quantized after FC2 dgrad.
+  - `prepared`: weights prepared before the call (prepare_weights; in the peak, as `mxmoe bench`
+    counts them), up to session 14 (FP8 copies of both orientations plus their bf16 copies) and since
+    session 15 (the bf16 copies alone on cuda_sm90). Checked against session 14's measured peaks.
 Ratios are against the eager BF16 layer's peak measured in the same session-14 run.
 
     python3 bench/memory_model.py
@@ -25,6 +28,8 @@ PRESETS = {"dsv3": (7168, 2048, 32, 32768), "qwen3-30b": (2048, 768, 128, 65536)
 # bench/results/2026-12-03-h200-sm90-s14-peer.md: eager BF16 peak, mxmoe mxfp8 per-call peak (MiB)
 EAGER = {"dsv3": 7424, "qwen3-30b": 3649, "gptoss-120b": 6165, "mixtral": 10240}
 MEASURED_FP8_ROUTE = {"dsv3": 11627.8, "qwen3-30b": 5529.1, "gptoss-120b": 6658.6, "mixtral": 11316.7}
+# The same run, prepared weights (made before the measured call, so in the peak)
+MEASURED_PREPARED = {"dsv3": 17045.8, "qwen3-30b": 7915.1, "gptoss-120b": 9647.4, "mixtral": 16414.7}
 
 
 def fp8(n):
@@ -59,20 +64,30 @@ def model(H, F, E, T):
         "wgrads": saved - c + dy_col + dc_col + wgrad_tmp,
     }
     floor = saved + dy_row + dc_row + dc_col + fp8(W2)
-    return resident, fp8_route, copy_route, floor
+    # Prepared weights (no weight work in the call): up to session 14 the FP8 copies of both weights in
+    # both orientations and their bf16 copies, and no buffer freed before the call's end; since
+    # session 15 the bf16 copies alone and the frees above.
+    prepared_old = 2 * (fp8(W1) + fp8(W2)) + 2 * bf16(W1 + W2) + max(
+        fwd_all, saved + dy_row + dy_col + dc_row + dc_col, saved - c + dy_row + dy_col + dc_row + dc_col + wgrad_tmp)
+    prepared_new = 2 * bf16(W1 + W2) + max(
+        fwd_all, saved + dy_row + dy_col + dc_row + dc_col, saved - c + dy_col + dc_col + wgrad_tmp)
+    return resident, fp8_route, copy_route, floor, prepared_old, prepared_new
 
 
 def main():
-    print("| preset | eager BF16 peak | fp8 route: model (measured) | copy route: model, ratio, peak step | floor at FC2 dgrad, ratio |")
-    print("|---|---|---|---|---|")
+    print("| preset | eager BF16 peak | fp8 route: model (measured) | copy route: model, ratio, peak step | "
+          "floor at FC2 dgrad, ratio | prepared, up to session 14: model (measured) | prepared, session 15: model, ratio |")
+    print("|---|---|---|---|---|---|---|")
     for name, shape in PRESETS.items():
-        resident, old, new, floor = model(*shape)
+        resident, old, new, floor, prep_old, prep_new = model(*shape)
         o = resident + max(old.values())
         step = max(new, key=new.get)
         n = resident + new[step]
         f = resident + floor
+        po, pn = resident + prep_old, resident + prep_new
         print(f"| {name} | {EAGER[name]} | {o:.0f} ({MEASURED_FP8_ROUTE[name]:.0f}) | {n:.0f}, {n / EAGER[name]:.2f}x, "
-              f"{step} | {f:.0f}, {f / EAGER[name]:.2f}x |")
+              f"{step} | {f:.0f}, {f / EAGER[name]:.2f}x | {po:.0f} ({MEASURED_PREPARED[name]:.0f}) | "
+              f"{pn:.0f}, {pn / EAGER[name]:.2f}x |")
 
 
 if __name__ == "__main__":

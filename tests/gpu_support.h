@@ -209,6 +209,32 @@ struct DeviceTensor {
     return h;
   }
 };
+
+// `run` captured once on `stream` into a CUDA graph, then replayed in two rounds on inputs b and a in
+// turn (dev.upload, dev.poison, launch, dev.expect_equal against want_b / want_a): a host read of
+// device data at capture time (the group offsets, say) would freeze the first inputs into the graph.
+template <class Dev, class In, class Want, class Run>
+void expect_graph_replays(cudaStream_t stream, Dev& dev, Run run, const In& a, Want& want_a, const In& b,
+                          Want& want_b) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  run();
+  cuda_ok(cudaStreamEndCapture(stream, &graph));
+  cuda_ok(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 2; ++replay) {
+    dev.upload(b);
+    dev.poison();
+    cuda_ok(cudaGraphLaunch(exec, stream));
+    dev.expect_equal(want_b, "replay on ids B");
+    dev.upload(a);
+    dev.poison();
+    cuda_ok(cudaGraphLaunch(exec, stream));
+    dev.expect_equal(want_a, "replay on ids A");
+  }
+  cuda_ok(cudaGraphExecDestroy(exec));
+  cuda_ok(cudaGraphDestroy(graph));
+}
 #endif
 
 }  // namespace mxmoe::test

@@ -63,27 +63,6 @@ ExpertOperand bf16_operand(const ExpertMatrices& w) { return ExpertOperand{w, {}
 // quantized in the call from the call's w1 / w2. MXMOE_SM90_MX_WEIGHTS=fp8 keeps FP8 per-call
 // weights.
 
-// Whether a GEMM step given copy-only weights runs there: the backend dispatch would pick for it
-// with FP8 weights reads copies.
-bool takes_weight_copy(const Context& ctx, const LayerStep& step) {
-  if (sm90_mx_weights_fp8()) return false;
-  MGemmStep g = step.gemm_m();
-  g.b_copy_only = false;
-  StepQuery q = step.query;
-  q.gemm_m = &g;
-  const Backend* b = would_select(ctx, q);
-  return b != nullptr && b->reads_weight_copies();
-}
-
-// Whether a backend that reads copies takes a GEMM step whose weights are a copy alone.
-bool copy_reader_takes(const Context& ctx, const LayerStep& step) {
-  MGemmStep g = step.gemm_m();
-  g.b_copy_only = true;
-  StepQuery q = step.query;
-  q.gemm_m = &g;
-  return would_select(ctx, q) != nullptr;
-}
-
 // `args` with one member replaced.
 template <class Args, class Member, class Value>
 Args with(Args args, Member Args::*member, const Value& value) {
@@ -94,6 +73,14 @@ Args with(Args args, Member Args::*member, const Value& value) {
 LayerStep reading_copy(LayerStep step, bool copy_only) {
   std::get<MGemmStep>(step.args).b_copy_only = copy_only;
   return step;
+}
+
+// Whether a GEMM step given copy-only weights runs there with the weight quantized in the call: the
+// backend dispatch would pick for it with FP8 weights reads copies.
+bool takes_weight_copy(const Context& ctx, const LayerStep& step) {
+  if (sm90_mx_weights_fp8()) return false;
+  const Backend* b = would_plan(ctx, reading_copy(step, false));
+  return b != nullptr && b->reads_weight_copies();
 }
 
 // What one GEMM of a call reads as its weights.
@@ -130,7 +117,9 @@ CallWeight call_weight(const Context& ctx, const Problem& p, const QuantSpec& q,
   const Options& o = ctx.options();
   const int64_t E = p.experts;
   CallWeight w;
-  if (prepared != nullptr && (!is_copy_only(*prepared) || copy_reader_takes(ctx, gemm_step(*prepared)))) {
+  // A prepared copy alone is taken where a backend that reads copies takes the step.
+  if (prepared != nullptr &&
+      (!is_copy_only(*prepared) || would_plan(ctx, reading_copy(gemm_step(*prepared), true)) != nullptr)) {
     w.operand = *prepared;
     w.copy_only = is_copy_only(*prepared);
     return w;
@@ -480,16 +469,8 @@ bool want_transposed_copies(const Context& ctx, const Problem& p, const WeightsA
 }
 
 bool copies_read_on(const Context& ctx, Device d) {
-  const Options& o = ctx.options();
-  for (Backend* b : backends()) {
-    const std::string name = b->name();
-    if (!o.backend.empty() && o.backend != name) continue;
-    bool denied = false;
-    for (const std::string& n : o.deny) denied = denied || n == name;
-    if (denied || !b->probe_device(d).available) continue;
-    return b->reads_weight_copies();
-  }
-  return false;
+  const Backend* b = first_usable(ctx, d);
+  return b != nullptr && b->reads_weight_copies();
 }
 
 bool want_bf16_copies(const Context& ctx, const Problem& p, const WeightsArgs& w, Device d) {

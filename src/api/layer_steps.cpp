@@ -92,12 +92,19 @@ LayerStep wgrad(const char* label, const Problem& p, const KGroupedGemmArgs& a, 
 
 }  // namespace
 
-Backend& plan(Context& ctx, const LayerStep& step) {
+namespace {
+// The dispatch query of a step, pointing at its GEMM arguments (valid while `step` lives).
+StepQuery query_of(const LayerStep& step) {
   StepQuery q = step.query;
   q.gemm_m = std::get_if<MGemmStep>(&step.args);
   q.gemm_k = std::get_if<KGroupedGemmArgs>(&step.args);
-  return select(ctx, q, step.label);
+  return q;
 }
+}  // namespace
+
+Backend& plan(Context& ctx, const LayerStep& step) { return select(ctx, query_of(step), step.label); }
+
+Backend* would_plan(const Context& ctx, const LayerStep& step) { return would_select(ctx, query_of(step)); }
 
 void run(Context& ctx, Backend& b, const LayerStep& step) {
   struct Visit {

@@ -41,6 +41,8 @@ struct LayerStep {
 
 // Picks the step's backend and records the decision under the step's label (throws as select()).
 Backend& plan(Context& ctx, const LayerStep& step);
+// The backend plan() would pick, or null; records nothing, never throws.
+Backend* would_plan(const Context& ctx, const LayerStep& step);
 // Runs the step on `backend`.
 void run(Context& ctx, Backend& backend, const LayerStep& step);
 

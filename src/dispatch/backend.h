@@ -209,6 +209,9 @@ std::string backend_names();
 Backend& select(Context& ctx, const StepQuery& q);
 // The backend select() would pick, or null; records nothing, never throws.
 Backend* would_select(const Context& ctx, const StepQuery& q);
+// The first backend select() would consider for device d (forced and denied ones honoured, available
+// there) whatever the step, or null.
+Backend* first_usable(const Context& ctx, Device d);
 // Same, recorded under `label` (e.g. "fc1_fprop") instead of the generic step name.
 Backend& select(Context& ctx, const StepQuery& q, const std::string& label);
 

@@ -58,18 +58,32 @@ std::string backend_names() {
 }
 
 namespace {
-// select()'s rule for one backend: allowed by the options, available on the device, taking the step.
-Probe offer(const Options& o, const Backend& b, const StepQuery& q) {
+// Whether the options allow backend b and it is available on device d.
+Probe usable(const Options& o, const Backend& b, Device d) {
   const std::string name = b.name();
-  for (const std::string& d : o.deny)
-    if (d == name) return {false, "denied by options/MXMOE_DENY"};
-  Probe p = b.probe_device(q.device);
+  for (const std::string& n : o.deny)
+    if (n == name) return {false, "denied by options/MXMOE_DENY"};
+  return b.probe_device(d);
+}
+
+// select()'s rule for one backend: usable on the step's device, taking the step.
+Probe offer(const Options& o, const Backend& b, const StepQuery& q) {
+  Probe p = usable(o, b, q.device);
   if (p.available) p = b.probe(q);
   if (p.available && q.gemm_m != nullptr && q.gemm_m->b_copy_only && !b.reads_weight_copies())
     p = {false, "reads MXFP8 weights from their FP8 bytes, and this step carries only their bf16 copy"};
   return p;
 }
 }  // namespace
+
+Backend* first_usable(const Context& ctx, Device d) {
+  const Options& o = ctx.options();
+  for (Backend* b : backends()) {
+    if (!o.backend.empty() && o.backend != b->name()) continue;
+    if (usable(o, *b, d).available) return b;
+  }
+  return nullptr;
+}
 
 Backend* would_select(const Context& ctx, const StepQuery& q) {
   const Options& o = ctx.options();

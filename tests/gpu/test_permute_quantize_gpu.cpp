@@ -214,24 +214,7 @@ TEST_P(GpuPermuteQuantize, CapturedCallReplaysWithNewIdsBitExactly) {
     dev.poison();
     dev.run(ctx, c, w, layout);
     dev.expect_equal(want_a, "eager on ids A");
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    dev.run(ctx, c, w, layout);
-    cuda_ok(cudaStreamEndCapture(stream, &graph));
-    cuda_ok(cudaGraphInstantiate(&exec, graph, 0));
-    for (int replay = 0; replay < 2; ++replay) {
-      dev.upload(b);
-      dev.poison();
-      cuda_ok(cudaGraphLaunch(exec, stream));
-      dev.expect_equal(want_b, "replay on ids B");
-      dev.upload(a);
-      dev.poison();
-      cuda_ok(cudaGraphLaunch(exec, stream));
-      dev.expect_equal(want_a, "replay on ids A");
-    }
-    cuda_ok(cudaGraphExecDestroy(exec));
-    cuda_ok(cudaGraphDestroy(graph));
+    expect_graph_replays(stream, dev, [&] { dev.run(ctx, c, w, layout); }, a, want_a, b, want_b);
   }
   cuda_ok(cudaStreamDestroy(stream));
 #endif

@@ -88,8 +88,8 @@ struct CallWeight {
   OwnedExpertMxfp8 own;        // quantized in the call (empty when a prepared operand is read)
   ExpertOperand operand;       // what the GEMM reads
   bool quantize = false;       // a quantize step fills `own`
-  bool copy_only = false;      // the GEMM reads a copy alone (MGemmStep::b_copy_only)
-  bool made_at_run = false;    // that copy is made by PlannedSteps::add_weight_copy
+  bool copy_only = false;      // the GEMM reads a copy alone (MGemmStep::b_copy_only); with quantize,
+                               // the run makes it (PlannedSteps::add_weight_copy)
   size_t quantize_at = 0, gemm_at = 0;  // the steps' places (append_gemm)
 };
 
@@ -105,7 +105,7 @@ void append_gemm(std::vector<LayerStep>& steps, CallWeight& w, Quantize quantize
 
 // Once the steps are planned: the copy `w` reads, where the run makes it.
 void add_copy(PlannedSteps& steps, const CallWeight& w) {
-  if (w.made_at_run) steps.add_weight_copy(w.quantize_at, w.gemm_at);
+  if (w.quantize && w.copy_only) steps.add_weight_copy(w.quantize_at, w.gemm_at);
 }
 
 // The weight [E, rows, cols] (blocks along `axis`) of the GEMM that `gemm_step` builds from a weight
@@ -125,11 +125,9 @@ CallWeight call_weight(const Context& ctx, const Problem& p, const QuantSpec& q,
     return w;
   }
   w.quantize = true;
-  w.copy_only = q.format == QuantFormat::mxfp8 &&
-                takes_weight_copy(ctx, gemm_step(make_expert_copy_only(o, d, E, rows, cols, axis, q.layout, false).operand));
-  w.made_at_run = w.copy_only;
-  w.own = w.copy_only ? make_expert_copy_only(o, d, E, rows, cols, axis, q.layout, false)
-                      : make_expert_quant(o, d, q, E, rows, cols, axis);
+  w.own = make_expert_copy_only(o, d, E, rows, cols, axis, q.layout, /*allocate_copy=*/false);  // no memory yet
+  w.copy_only = q.format == QuantFormat::mxfp8 && takes_weight_copy(ctx, gemm_step(w.own.operand));
+  if (!w.copy_only) w.own = make_expert_quant(o, d, q, E, rows, cols, axis);
   w.operand = w.own.operand;
   return w;
 }

@@ -256,17 +256,6 @@ void write_dequantized(const detail::QuantizeExpertsStep& s, int64_t scale_bytes
 
 void quantize_experts(const detail::QuantizeExpertsStep& s) {
   const int64_t rows = s.rows, cols = s.cols, elems = rows * cols;
-  if (s.format == QuantFormat::mxfp8 && s.data.data == nullptr && s.dequantized.data != nullptr) {
-    // Only the bf16 copy is asked for: quantize into scratch, keep the dequantized values.
-    const int64_t scale_bytes =
-        s.axis == BlockAxis::row ? rowwise_scale_bytes(rows, cols) : colwise_matrix_scale_bytes(rows, cols);
-    std::vector<uint8_t> data(static_cast<size_t>(s.experts * elems)), scales(static_cast<size_t>(s.experts * scale_bytes));
-    detail::QuantizeExpertsStep full = s;
-    full.data = TensorView::of(data.data(), DType::e4m3, {s.experts, rows, cols});
-    full.scales = TensorView::of(scales.data(), DType::e8m0, {s.experts, scale_bytes});
-    quantize_experts(full);
-    return;
-  }
   const ExpertPtrs src = expert_ptrs(s.src, elems, sizeof(uint16_t));
   if (s.format == QuantFormat::fp8_block) {
     // 128x128 blocks of each expert's [rows, cols] (one copy for fprop and dgrad).
@@ -277,10 +266,19 @@ void quantize_experts(const detail::QuantizeExpertsStep& s) {
                            s.scales.ptr<float>() + e * per);
     return;
   }
-  auto* data = s.data.ptr<uint8_t>();
-  auto* scales = s.scales.ptr<uint8_t>();
   const int64_t scale_bytes =
       s.axis == BlockAxis::row ? rowwise_scale_bytes(rows, cols) : colwise_matrix_scale_bytes(rows, cols);
+  if (s.data.data == nullptr && s.dequantized.data != nullptr) {
+    // Only the bf16 copy is asked for: quantize into scratch, keep the dequantized values.
+    std::vector<uint8_t> scratch(static_cast<size_t>(s.experts * (elems + scale_bytes)));
+    detail::QuantizeExpertsStep full = s;
+    full.data = TensorView::of(scratch.data(), DType::e4m3, {s.experts, rows, cols});
+    full.scales = TensorView::of(scratch.data() + s.experts * elems, DType::e8m0, {s.experts, scale_bytes});
+    quantize_experts(full);
+    return;
+  }
+  auto* data = s.data.ptr<uint8_t>();
+  auto* scales = s.scales.ptr<uint8_t>();
   if (s.scales.numel() < s.experts * scale_bytes) {
     throw Error("scales", "buffer has " + std::to_string(s.scales.numel()) + " bytes, needs " +
                               std::to_string(s.experts * scale_bytes));

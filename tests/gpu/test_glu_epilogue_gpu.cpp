@@ -402,7 +402,8 @@ TEST_P(GpuGluBackward, MatchesCpuBothRecipesActivationsAndLayouts) {
 }
 
 // cuda_sm90's MXFP8 GLU-backward variants, chosen by switches read per call (src/cuda/sm90/gemm_m.cu):
-// 128-wide tiles (MXMOE_SM90_MX_GLU_BWD_N=128), epilogue warps on 192- and 128-wide tiles with the A
+// 128- and 256-wide tiles forced (MXMOE_SM90_MX_GLU_BWD_N=128 / 256; the default takes 128 up to
+// K = 4096, so these shapes run 128-wide unforced), epilogue warps on 192- and 128-wide tiles with the A
 // scales from L2 (MXMOE_SM90_MX_GLU_BWD=ew / ew128). Several n-tiles and a partial last one, groups
 // ending inside tiles, both GLU and scale layouts, MXFP8 and bf16 dC. Other backends ignore them.
 TEST_P(GpuGluBackward, Mxfp8TileVariantsMatchCpu) {
@@ -412,8 +413,8 @@ TEST_P(GpuGluBackward, Mxfp8TileVariantsMatchCpu) {
     Switch(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
     ~Switch() { unsetenv(name); }
   };
-  for (auto [name, value] : {std::pair{"MXMOE_SM90_MX_GLU_BWD_N", "128"}, std::pair{"MXMOE_SM90_MX_GLU_BWD", "ew"},
-                             std::pair{"MXMOE_SM90_MX_GLU_BWD", "ew128"}}) {
+  for (auto [name, value] : {std::pair{"MXMOE_SM90_MX_GLU_BWD_N", "128"}, std::pair{"MXMOE_SM90_MX_GLU_BWD_N", "256"},
+                             std::pair{"MXMOE_SM90_MX_GLU_BWD", "ew"}, std::pair{"MXMOE_SM90_MX_GLU_BWD", "ew128"}}) {
     SCOPED_TRACE(testing::Message() << name << "=" << value);
     const Switch on(name, value);
     expect_glu_backward_ok(backend(),

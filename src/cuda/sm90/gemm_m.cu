@@ -24,6 +24,7 @@ namespace {
 
 constexpr int kWideN = 256;    // output tile width
 constexpr int kNarrowN = 128;  // narrow outputs (N <= 128)
+constexpr int64_t kMxGluBwdNarrowMaxK = 4096;  // MXFP8 GLU backward: 128-wide tiles up to this K
 // Every layer configuration runs CTA pairs along M that share B by multicast (gemm_kernel.cuh Tile).
 constexpr int kPair = 2;
 
@@ -137,10 +138,16 @@ std::string gemm_m_refusal(const detail::MGemmStep& s) {
 
 int default_block_n(const detail::MGemmStep& s) {
   if (s.epilogue == detail::Epilogue::glu_forward) return kWideN;
-  // MXMOE_SM90_MX_GLU_BWD_N=128 (read per call, comparison runs): the MXFP8-A GLU backward on
-  // 128-wide tiles whatever the width.
-  if (s.epilogue == detail::Epilogue::glu_backward && s.gemm.a.is_mxfp8() && env_is("MXMOE_SM90_MX_GLU_BWD_N", "128"))
-    return kNarrowN;
+  // The MXFP8-A GLU backward (FC2 dgrad): 128-wide tiles where K <= 4096, 256-wide above. Session 16's
+  // same-run bench (every preset, both splits): 128-wide is 10-33% faster at K = 2048, 2880 and 4096
+  // (qwen3-30b, gptoss-120b, mixtral) and 11% slower at K = 7168 (dsv3), where the wider tile
+  // amortizes each k-block's A dequantization over twice the columns.
+  // MXMOE_SM90_MX_GLU_BWD_N=128 or 256 (read per call, comparison runs) forces one width.
+  if (s.epilogue == detail::Epilogue::glu_backward && s.gemm.a.is_mxfp8()) {
+    if (env_is("MXMOE_SM90_MX_GLU_BWD_N", "128")) return kNarrowN;
+    const bool wide = env_is("MXMOE_SM90_MX_GLU_BWD_N", "256") || a_view(s).shape[1] > kMxGluBwdNarrowMaxK;
+    if (!wide) return kNarrowN;
+  }
   return detail::gemm_width(s) > kNarrowN ? kWideN : kNarrowN;
 }
 

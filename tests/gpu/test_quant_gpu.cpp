@@ -339,8 +339,7 @@ TEST_P(GpuQuant, DequantizeMatchesCpuBothAxesLayoutsAndOutputTypes) {
       check_dequantize(backend(), BlockAxis::col, layout, out, skewed_sizes(32, 12000), 2880);
       check_dequantize(backend(), BlockAxis::col, layout, out, shuffled(kEdgeSizes), 100);
       check_dequantize(backend(), BlockAxis::col, layout, out, {0, 0, 0}, 1408);
-      // bf16 with K % 16 == 0 takes cuda's 512-column tiles (16 columns a thread): a tile narrower
-      // than K, and K with a partial last tile are above; here K below one tile, both axes.
+      // K below one 128-column tile, both axes.
       check_dequantize(backend(), BlockAxis::col, layout, out, shuffled(kEdgeSizes), 48);
       check_dequantize(backend(), BlockAxis::row, layout, out, {77, 0, 300}, 96);
     }

@@ -4,9 +4,7 @@
 //      blocks restarting at each group's first row; group offsets on the device, group schedule as
 //      in quantize), compact or swizzled scale layout.
 // Out: dst [M, K] f32, or bf16 (round to nearest even) = e4m3_to_f32(q) * e8m0_to_f32(e).
-// bf16 out with K % 16 == 0 and 16-byte aligned data: 32 x 512 tiles, 16 columns per thread
-// (dequantize_bf16_wide_kernel); otherwise the same 32 x 128 tile as quantize (4 rows x 8 columns
-// per thread). No shared memory.
+// Same 32 x 128 tile as quantize (4 rows x 8 columns per thread); no shared memory.
 // Run: <build>/tests/mxmoe_gpu_tests --gtest_filter='*GpuQuant.Dequantize*'
 #include "src/cuda/common/check.h"
 #include "src/cuda/cuda_ops.h"
@@ -116,75 +114,6 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const DequantizePa
   }
 }
 
-// The bf16 output of the layer's transient copies (the sm90 wgrad operands, the GEMM weights) on wide
-// tiles: 256 threads own 32 rows x 512 columns, each thread 16 columns (one 16-byte load of e4m3, two
-// 16-byte stores of bf16) of 4 rows. All loads of a thread (data and scales) are issued before any
-// conversion, so a CTA waits on one round of memory latency for 16 KB of input instead of 4 KB.
-// Needs K % 16 == 0, data and dst 16-byte aligned; the 8-wide kernel takes the rest.
-inline constexpr int kWideVec = 16;
-inline constexpr int kWideColThreads = 32;
-inline constexpr int kWideThreads = 256;
-inline constexpr int kWideTileCols = kWideVec * kWideColThreads;        // 512
-inline constexpr int kWideRowGroups = kWideThreads / kWideColThreads;   // 8
-inline constexpr int kWideRowsPerThread = kTileRows / kWideRowGroups;   // 4
-static_assert(kWideRowGroups * kWideRowsPerThread == kTileRows, "thread rows must cover the tile");
-
-template <bool kColwise>
-__global__ void __launch_bounds__(kWideThreads) dequantize_bf16_wide_kernel(const DequantizeParams p) {
-  const int64_t row_tile = blockIdx.x / p.col_tiles;
-  const int64_t col_tile = blockIdx.x % p.col_tiles;
-  const RowTile tile = resolve_tile(p.sched, row_tile, p.rows);
-  const int n_rows = tile_rows(tile);
-  if (n_rows == 0) return;
-  const int c16 = threadIdx.x % kWideColThreads, rg = threadIdx.x / kWideColThreads;
-  const int64_t k = p.cols;
-  const int64_t col = col_tile * kWideTileCols + c16 * kWideVec;
-  if (col >= k) return;  // K % 16 == 0: a thread's 16 columns are all in or all out
-
-  uint4 q[kWideRowsPerThread];
-  uint8_t e[kColwise ? kWideVec : kWideRowsPerThread];
-#pragma unroll
-  for (int r_i = 0; r_i < kWideRowsPerThread; ++r_i) {
-    const int r = rg + r_i * kWideRowGroups;
-    const int64_t row = tile.row_begin + r;
-    q[r_i] = r < n_rows ? __ldg(reinterpret_cast<const uint4*>(p.data + row * k + col)) : make_uint4(0, 0, 0, 0);
-    if constexpr (!kColwise) e[r_i] = r < n_rows ? p.scales[rowwise_scale_index(row, col / kMxBlock, k, p.layout)] : 0;
-  }
-  if constexpr (kColwise) {
-    const int64_t at = colwise_scale_index(tile.chunk_row, tile.group_rows, tile.block, col, k, p.layout);
-    if (p.layout == ScaleLayout::compact && aligned(p.scales + at, 16)) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p.scales + at));
-      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int i = 0; i < kWideVec; ++i) e[i] = static_cast<uint8_t>(w[i / 4] >> (8 * (i % 4)));
-    } else {
-#pragma unroll
-      for (int i = 0; i < kWideVec; ++i)
-        e[i] = p.scales[colwise_scale_index(tile.chunk_row, tile.group_rows, tile.block, col + i, k, p.layout)];
-    }
-  }
-
-  auto* dst = static_cast<uint16_t*>(p.dst);
-#pragma unroll
-  for (int r_i = 0; r_i < kWideRowsPerThread; ++r_i) {
-    const int r = rg + r_i * kWideRowGroups;
-    if (r >= n_rows) break;
-    const uint32_t w[4] = {q[r_i].x, q[r_i].y, q[r_i].z, q[r_i].w};
-    uint32_t out[kWideVec / 2];
-#pragma unroll
-    for (int i = 0; i < kWideVec; i += 2) {
-      const auto byte = [&](int j) { return static_cast<uint8_t>(w[j / 4] >> (8 * (j % 4))); };
-      const float s0 = e8m0_to_f32(kColwise ? e[i] : e[r_i]), s1 = e8m0_to_f32(kColwise ? e[i + 1] : e[r_i]);
-      const uint32_t lo = bf16_from_f32(dequant_value(byte(i), s0));
-      const uint32_t hi = bf16_from_f32(dequant_value(byte(i + 1), s1));
-      out[i / 2] = lo | (hi << 16);
-    }
-    uint4* d = reinterpret_cast<uint4*>(dst + (tile.row_begin + r) * k + col);
-    d[0] = make_uint4(out[0], out[1], out[2], out[3]);
-    d[1] = make_uint4(out[4], out[5], out[6], out[7]);
-  }
-}
-
 template <bool kColwise>
 void launch(const DequantizeParams& p, int64_t row_tiles, bool bf16, cudaStream_t stream) {
   const int64_t blocks = row_tiles * p.col_tiles;
@@ -195,15 +124,6 @@ void launch(const DequantizeParams& p, int64_t row_tiles, bool bf16, cudaStream_
   } else {
     dequantize_kernel<kColwise, float><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
   }
-  MXMOE_CUDA_CHECK_LAUNCH();
-}
-
-template <bool kColwise>
-void launch_wide(const DequantizeParams& p, int64_t row_tiles, cudaStream_t stream) {
-  const int64_t blocks = row_tiles * p.col_tiles;
-  if (blocks == 0) return;
-  if (blocks > 0x7fffffff) throw Error("src", "tensor too large for the dequantize grid");
-  dequantize_bf16_wide_kernel<kColwise><<<static_cast<unsigned>(blocks), kWideThreads, 0, stream>>>(p);
   MXMOE_CUDA_CHECK_LAUNCH();
 }
 
@@ -224,18 +144,13 @@ void dequantize(const DequantizeArgs& a, void* stream_ptr) {
   p.col_tiles = ceil_div(k, kTileCols);
   p.dst = a.dst.data;
   const bool bf16 = a.dst.dtype == DType::bf16;
-  const auto at16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-  const bool wide = bf16 && k % kWideVec == 0 && at16(p.data) && at16(p.dst);
-  if (wide) p.col_tiles = ceil_div(k, kWideTileCols);
   if (a.src.axis == BlockAxis::row) {
-    if (wide) return launch_wide<false>(p, ceil_div(m, kTileRows), stream);
     launch<false>(p, ceil_div(m, kTileRows), bf16, stream);
     return;
   }
   Workspace ws(row_tiles_workspace_bytes(a.groups, m), stream);
   const RowTiles tiles = row_tiles(a.groups, m, ws, stream);
   p.sched = tiles.sched;
-  if (wide) return launch_wide<true>(p, tiles.count, stream);
   launch<true>(p, tiles.count, bf16, stream);
 }
 

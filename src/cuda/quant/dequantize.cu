@@ -4,9 +4,12 @@
 //      blocks restarting at each group's first row; group offsets on the device, group schedule as
 //      in quantize), compact or swizzled scale layout.
 // Out: dst [M, K] f32, or bf16 (round to nearest even) = e4m3_to_f32(q) * e8m0_to_f32(e).
-// Same 32 x 128 tile as quantize (4 rows x 8 columns per thread); no shared memory.
+// Same 32 x 128 tile as quantize (4 rows x 8 columns per thread); no shared memory. bf16 output
+// converts two values at a time with the hardware e4m3 conversion (e4m3x2_scaled_bf16x2) where the
+// f32 output keeps the scalar reference conversion.
 // Run: <build>/tests/mxmoe_gpu_tests --gtest_filter='*GpuQuant.Dequantize*'
 #include "src/cuda/common/check.h"
+#include "src/cuda/common/convert.cuh"
 #include "src/cuda/cuda_ops.h"
 #include "src/cuda/quant/quant_tile.cuh"
 
@@ -32,28 +35,15 @@ __device__ __forceinline__ float dequant_value(uint8_t q, float scale) {
   return v * scale;
 }
 
-template <class Out>
-__device__ __forceinline__ void store8(Out* p, int64_t col, int64_t k, bool vec, const float (&v)[kVec]) {
-  if constexpr (sizeof(Out) == 4) {
-    if (vec) {
-      auto* p4 = reinterpret_cast<float4*>(p);
-      p4[0] = make_float4(v[0], v[1], v[2], v[3]);
-      p4[1] = make_float4(v[4], v[5], v[6], v[7]);
-      return;
-    }
-    for (int i = 0; i < kVec; ++i)
-      if (col + i < k) p[i] = v[i];
-  } else {
-    uint16_t b[kVec];
-    for (int i = 0; i < kVec; ++i) b[i] = bf16_from_f32(v[i]);
-    if (vec) {
-      *reinterpret_cast<uint4*>(p) = make_uint4(b[0] | (uint32_t{b[1]} << 16), b[2] | (uint32_t{b[3]} << 16),
-                                                b[4] | (uint32_t{b[5]} << 16), b[6] | (uint32_t{b[7]} << 16));
-      return;
-    }
-    for (int i = 0; i < kVec; ++i)
-      if (col + i < k) p[i] = b[i];
+__device__ __forceinline__ void store8(float* p, int64_t col, int64_t k, bool vec, const float (&v)[kVec]) {
+  if (vec) {
+    auto* p4 = reinterpret_cast<float4*>(p);
+    p4[0] = make_float4(v[0], v[1], v[2], v[3]);
+    p4[1] = make_float4(v[4], v[5], v[6], v[7]);
+    return;
   }
+  for (int i = 0; i < kVec; ++i)
+    if (col + i < k) p[i] = v[i];
 }
 
 // Out = float (f32) or uint16_t (bf16 bits).
@@ -100,17 +90,30 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const DequantizePa
     } else {
       for (int i = 0; i < kVec; ++i) q[i] = col + i < k ? src[i] : uint8_t{0};
     }
-    float v[kVec];
+    float s[kVec];
     if constexpr (kColwise) {
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) v[i] = dequant_value(q[i], col_scale[i]);
+      for (int i = 0; i < kVec; ++i) s[i] = col_scale[i];
     } else {
       // K % 32 == 0 for row-wise data, so the 8 columns share one block.
-      const float s = e8m0_to_f32(p.scales[rowwise_scale_index(row, col / kMxBlock, k, p.layout)]);
+      const float rs = e8m0_to_f32(p.scales[rowwise_scale_index(row, col / kMxBlock, k, p.layout)]);
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) v[i] = dequant_value(q[i], s);
+      for (int i = 0; i < kVec; ++i) s[i] = rs;
     }
-    store8(dst + row * k + col, col, k, vec, v);
+    if constexpr (sizeof(Out) == 2) {
+      // bf16: two values a conversion (hardware from sm_89 on), same bits as bf16_from_f32 of the
+      // f32 product below but for a NaN's payload.
+      uint32_t w[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        w[i] = e4m3x2_scaled_bf16x2(q[2 * i] | (uint32_t{q[2 * i + 1]} << 8), s[2 * i], s[2 * i + 1]);
+      store_bf16x8(dst + row * k + col, col, k, vec, w);
+    } else {
+      float v[kVec];
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) v[i] = dequant_value(q[i], s[i]);
+      store8(dst + row * k + col, col, k, vec, v);
+    }
   }
 }
 

@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "mxmoe/numerics.h"
+#include "src/cuda/common/convert.cuh"
 #include "src/cuda/sm90/params.h"
 #include "src/cuda/sm90/ptx.cuh"
 
@@ -560,20 +561,9 @@ __device__ __forceinline__ uint32_t lds_u16(uint32_t addr) {
   asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(addr));
   return v;
 }
-// Two e4m3 values (low byte first) times the block scale -> a bf16x2 (low half first). e4m3 -> f16 is
-// exact (one F2FP), f16 -> f32 exact, the product is the f32 the CPU reference computes
-// (e4m3_to_f32(q) * e8m0_to_f32(s), NaN in either stays NaN) and has at most 4 significant bits, so
-// rounding it to bf16 is exact unless it is below bf16's normal range (scales < 2^-112).
-__device__ __forceinline__ uint32_t dequant_pair(uint32_t two, float s) {
-  uint32_t h;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(static_cast<uint16_t>(two)));
-  float lo, hi;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"(static_cast<uint16_t>(h & 0xFFFF)));
-  asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"(static_cast<uint16_t>(h >> 16)));
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi * s), "f"(lo * s));
-  return r;
-}
+// Two e4m3 values (low byte first) times the block scale -> a bf16x2 (low half first), exactly the
+// CPU reference's values (src/cuda/common/convert.cuh).
+__device__ __forceinline__ uint32_t dequant_pair(uint32_t two, float s) { return e4m3x2_scaled_bf16x2(two, s, s); }
 
 // ---- the scale loaders (MXFP8): warps 1-3 stage a stage's scales in shared memory ----
 // E8M0 127 (2^0) replaces the scales of blocks past K (the zero-filled tail of the last k-block: the

@@ -277,6 +277,13 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, bool pow2, DType dw_d
     if (want_transposed_copies(ctx, p, wargs, dev))
       for (OwnedExpertMxfp8* w : {&w2_col, &w1_col}) w->add_transposed_copy(opt, dev);
     time_step(quantize_x({fa.x, fa.offsets, x_row.view, x_col.view, qs.pow2_scales}));
+    if (p.recipe == Recipe::mxfp8) {
+      // The wgrad's operand copy on GPUs whose k-grouped GEMM computes in BF16 (cuda_sm90): X
+      // column-wise back to bf16, groups restarting the 32-token blocks (1 byte in, 2 out a value).
+      const OwnedTensor x16 = make_tensor(opt, dev, DType::bf16, {T, H});
+      const DequantizeArgs da{x_col.view, fa.offsets, x16.view};
+      add("dequantize_x_col", median_ms([&] { dequantize_mxfp8(ctx, da); }, stream), 0, 3.0 * T * H);
+    }
     prepare(quantize_dy({ba.dy, fa.offsets, dy_row.view, dy_col.view, qs.pow2_scales}));
     for (const OwnedExpertMxfp8* q : {&w1_row, &w1_col}) prepare(quantize_w1(q->quantize_from(fa.w1)));
     for (const OwnedExpertMxfp8* q : {&w2_row, &w2_col}) prepare(quantize_w2(q->quantize_from(fa.w2)));

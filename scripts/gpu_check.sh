@@ -3,7 +3,7 @@
 # label included), compute-sanitizer memcheck and racecheck over the kernel tests, the main job on
 # its GPU default (dsv3), the benchmark and the torch peer beside it. Logs go to $OUT (or ./out).
 # GoogleTest is not installed there: carry a copy in .deps/gtest (see docs/gpu_machine.md).
-#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench|moe|fp8|fp8ncu|profile|repeat|mxweights|glubwd|ep]...   (default: all but kernels, ncu, moe, fp8, fp8ncu, profile, repeat, mxweights, glubwd, ep)
+#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench|moe|fp8|fp8ncu|profile|repeat|mxweights|glubwd|dequant|ep]...   (default: all but kernels, ncu, moe, fp8, fp8ncu, profile, repeat, mxweights, glubwd, dequant, ep)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-out}")
@@ -172,6 +172,30 @@ for s in $steps; do
           --gtest_filter='*GpuGlu*Backward*/cuda_sm90' >"$OUT/glu_ew_$tool.log" 2>&1
         summary "glu bwd ew $tool" "rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/glu_ew_$tool.log" | tail -1)"
       done ;;
+    dequant)
+      # The bf16 dequantize on the hardware e4m3 conversion (session 16, not yet run when written): the
+      # quantize/dequantize GPU tests (bit-exact against the CPU) and memcheck over them, the layer's
+      # profile (qwen3-30b skew mxfp8: the four wgrad operand copies), then `mxmoe bench --recipe
+      # mxfp8` (DEQUANT_ARGS, default '--preset qwen3-30b') beside the revision in .scratch/before.tar.gz
+      # (git archive of the tree before it, made here and carried; scripts/bench_before_after.sh),
+      # the fc*_wgrad and layer rows side by side (dequantize_x_col is new: after.json only).
+      timeout 120 $B/tests/mxmoe_gpu_tests --gtest_filter='*GpuQuant*:*QuantGpu*' >"$OUT/dequant_tests.log" 2>&1; rc=$?
+      summary "dequant tests" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/dequant_tests.log" | tr '\n' ' ')"
+      grep -E '^\[  FAILED  \]|differ' "$OUT/dequant_tests.log" | head -10
+      timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/mxmoe_gpu_tests \
+        --gtest_filter='*GpuQuant.Dequantize*' >"$OUT/dequant_memcheck.log" 2>&1
+      summary "dequant memcheck" "rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/dequant_memcheck.log" | tail -1)"
+      if [ -f $B/python/libmxmoe_torch.so ]; then
+        PYTHONPATH=python MXMOE_TORCH_LIBRARY="$PWD/$B/python/libmxmoe_torch.so" timeout 60 \
+          python3 bench/layer_profile.py --preset qwen3-30b --skew --recipe mxfp8 >"$OUT/dequant_profile.md" 2>&1
+        summary "dequant profile" "rc=$? $(grep -E 'dequantize_kernel' "$OUT/dequant_profile.md" | tail -1 | cut -c1-40)"
+      fi
+      if [ -f .scratch/before.tar.gz ]; then
+        BEFORE_TAR=.scratch/before.tar.gz timeout 400 scripts/bench_before_after.sh --recipe mxfp8 \
+          ${DEQUANT_ARGS:---preset qwen3-30b} >"$OUT/dequant_before_after.log" 2>&1
+        summary "dequant before/after" "rc=$?"
+        grep -E 'wgrad|dequantize|layer_fwd_bwd' "$OUT/before_after.md" | head -20
+      fi ;;
     ep)
       # Expert parallelism on two GPUs (kind nvidia-h200-x2; issue 12): the NCCL equality test of
       # python/tests/test_ep.py, then bench/ep_bench.py (dispatch + combine against a raw

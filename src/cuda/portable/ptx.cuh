@@ -1,6 +1,6 @@
-// Thin PTX wrappers used by the portable (sm_80+) kernels: cp.async, ldmatrix, mma.sync bf16, and
-// E4M3 -> fp32 (fp32 -> E4M3 and the bf16 halves: src/cuda/common/convert.cuh). Hardware conversions are used from sm_89 on;
-// sm_80 gets exact software twins (numerics.h semantics).
+// Thin PTX wrappers used by the portable (sm_80+) kernels: cp.async, ldmatrix, mma.sync bf16 (E4M3 <->
+// fp32 and the bf16 halves: src/cuda/common/convert.cuh, hardware from sm_89 on, exact software twins
+// on sm_80).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -55,22 +55,6 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return r;
 }
 
-// Two E4M3 bytes (lo = bits 0-7, hi = bits 8-15) -> exact fp32 values.
-__device__ __forceinline__ float2 e4m3x2_to_f32(uint32_t two) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  uint32_t h2;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h2) : "h"(static_cast<uint16_t>(two)));
-  return __half22float2(*reinterpret_cast<const __half2*>(&h2));
-#else
-  // NOTE: E4M3 magnitude bits (eeee.mmm) placed at fp32 bits 20..26 read as 2^-120 times the E4M3
-  // value, subnormals included; one exact multiply restores it. NaN (S.1111.111) is checked apart.
-  auto one = [](uint32_t b) {
-    const float v = __uint_as_float(((b & 0x7fu) << 20) | ((b & 0x80u) << 24)) * 0x1p120f;
-    return (b & 0x7fu) == 0x7fu ? __uint_as_float(0x7fc00000u) : v;
-  };
-  return make_float2(one(two & 0xffu), one((two >> 8) & 0xffu));
-#endif
-}
 
 
 }  // namespace mxmoe::cuda::portable

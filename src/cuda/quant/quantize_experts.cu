@@ -5,6 +5,7 @@
 // colwise_matrix_scale_bytes per expert). Same kernel as cuda::quantize, one grid row per expert.
 // Run: <build>/tests/mxmoe_gpu_tests --gtest_filter='*GpuQuant.QuantizeExperts*'
 #include "src/cuda/common/check.h"
+#include "src/cuda/common/convert.cuh"
 #include "src/cuda/common/workspace.h"
 #include "src/cuda/cuda_ops.h"
 #include "src/cuda/quant/quantize_kernel.cuh"
@@ -12,21 +13,7 @@
 namespace mxmoe::cuda {
 namespace {
 
-// Two e4m3 (low byte first) -> f32; NaN as e4m3_to_f32 gives it (the host reference's NaN).
-__device__ __forceinline__ void e4m3x2_f32(uint32_t two, float& lo, float& hi) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  uint32_t h;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(static_cast<uint16_t>(two)));
-  asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"(static_cast<uint16_t>(h & 0xFFFF)));
-  asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"(static_cast<uint16_t>(h >> 16)));
-  if (lo != lo) lo = e4m3_to_f32(static_cast<uint8_t>(two));
-  if (hi != hi) hi = e4m3_to_f32(static_cast<uint8_t>(two >> 8));
-#else
-  lo = e4m3_to_f32(static_cast<uint8_t>(two));
-  hi = e4m3_to_f32(static_cast<uint8_t>(two >> 8));
-#endif
-}
-// The dequantized value; NaN stays the NaN of the operand that carries it, as the host's x86
+// The dequantized value (the e4m3 pair decoded by e4m3x2_f32, src/cuda/common/convert.cuh); NaN stays the NaN of the operand that carries it, as the host's x86
 // multiply returns it (the GPU product would be the canonical NaN).
 __device__ __forceinline__ uint16_t dequant_bf16(float v, float scale) {
   return bf16_from_f32(v != v ? v : scale != scale ? scale : v * scale);

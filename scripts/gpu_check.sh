@@ -178,7 +178,8 @@ for s in $steps; do
       # profile (qwen3-30b skew mxfp8: the four wgrad operand copies), then `mxmoe bench --recipe
       # mxfp8` (DEQUANT_ARGS, default '--preset qwen3-30b') beside the revision in .scratch/before.tar.gz
       # (git archive of the tree before it, made here and carried; scripts/bench_before_after.sh),
-      # the fc*_wgrad and layer rows side by side (dequantize_x_col is new: after.json only).
+      # the fc*_wgrad and layer rows side by side (dequantize_x_col is new: after.json only), and ncu
+      # on one dequantize launch.
       timeout 120 $B/tests/mxmoe_gpu_tests --gtest_filter='*GpuQuant*:*QuantGpu*' >"$OUT/dequant_tests.log" 2>&1; rc=$?
       summary "dequant tests" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/dequant_tests.log" | tr '\n' ' ')"
       grep -E '^\[  FAILED  \]|differ' "$OUT/dequant_tests.log" | head -10
@@ -195,7 +196,15 @@ for s in $steps; do
           ${DEQUANT_ARGS:---preset qwen3-30b} >"$OUT/dequant_before_after.log" 2>&1
         summary "dequant before/after" "rc=$?"
         grep -E 'wgrad|dequantize|layer_fwd_bwd' "$OUT/before_after.md" | head -20
-      fi ;;
+      fi
+      # ncu on one bf16 dequantize launch (the first of `mxmoe bench`'s qwen3-30b mxfp8 run: X
+      # column-wise, row dequantize_x_col): DRAM throughput, issue activity and stall reasons.
+      timeout 150 ncu -k regex:dequantize_kernel --launch-count 1 --set full --kill yes -f -o "$OUT/dequant_ncu" \
+        $B/mxmoe bench --preset qwen3-30b --recipe mxfp8 --skew >"$OUT/dequant_ncu.log" 2>&1
+      summary "dequant ncu" "rc=$?"
+      ncu -i "$OUT/dequant_ncu.ncu-rep" --page details >"$OUT/dequant_ncu_details.txt" 2>&1 && rm -f "$OUT/dequant_ncu.ncu-rep"
+      grep -E "Duration|DRAM Throughput|Memory Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Achieved Occupancy" \
+        "$OUT/dequant_ncu_details.txt" | head -10 ;;
     ep)
       # Expert parallelism on two GPUs (kind nvidia-h200-x2; issue 12): the NCCL equality test of
       # python/tests/test_ep.py, then bench/ep_bench.py (dispatch + combine against a raw

@@ -160,6 +160,9 @@ typedef struct mxmoe_wgrad_s* mxmoe_wgrad;
 typedef struct mxmoe_prepared_weights_s* mxmoe_prepared_weights;
 
 MXMOE_API const char* mxmoe_version(void);
+/* Returns the library's device memory pools' reserved memory that no live buffer holds
+ * (mxmoe::release_cached_memory; MXMOE_POOL_RELEASE_BYTES). */
+MXMOE_API void mxmoe_release_cached_memory(void);
 /* The message of the last failed call on this thread ("" if none). Valid until the next call. */
 MXMOE_API const char* mxmoe_last_error(void);
 

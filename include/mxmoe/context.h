@@ -11,8 +11,8 @@
 namespace mxmoe {
 
 // Where the library's own memory (workspaces, saved-for-backward state) comes from. Unset: host
-// memory for the CPU backend, cudaMallocAsync/cudaFreeAsync on the stream for CUDA (both legal in
-// CUDA-graph capture). Frameworks plug in their caching allocator here (PyTorch does). Every
+// memory for the CPU backend, stream-ordered allocations on the stream from the library's pool of
+// the device for CUDA (legal in CUDA-graph capture; see release_cached_memory). Frameworks plug in their caching allocator here (PyTorch does). Every
 // buffer keeps a copy of this struct and calls `release` with `user` when it is freed, so the
 // functions and `user` must stay valid until the last SavedState / WgradState allocated through it is
 // destroyed, which may be after the Context (the C ABI keeps its own bridge alive that way).
@@ -72,6 +72,13 @@ class MXMOE_API Context {
  private:
   std::unique_ptr<detail::ContextImpl> impl_;
 };
+
+// Device memory the library allocated without a caller allocator (Options::allocator unset: layer
+// buffers; kernel scratch always) comes from one pool per device that keeps what it reserved across
+// calls, as a framework's caching allocator does (environment: MXMOE_POOL_RELEASE_BYTES, the bytes a
+// pool keeps before it returns memory to the driver at a synchronize; unset keeps all). This returns
+// the pools' reserved memory that no live buffer holds. No-op without CUDA.
+MXMOE_API void release_cached_memory();
 
 // Library facts for `mxmoe info`.
 MXMOE_API const char* version();

@@ -192,6 +192,7 @@ void require(const P* p, const char* name) {
 extern "C" {
 
 const char* mxmoe_version(void) { return mxmoe::version(); }
+void mxmoe_release_cached_memory(void) { mxmoe::release_cached_memory(); }
 const char* mxmoe_last_error(void) { return g_last_error.c_str(); }
 
 mxmoe_status mxmoe_context_create(const mxmoe_options* o, mxmoe_context* out) {

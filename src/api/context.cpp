@@ -4,6 +4,9 @@
 #include "mxmoe/version.h"
 #include "src/dispatch/context_impl.h"
 #include "src/dispatch/backend.h"
+#if defined(MXMOE_WITH_CUDA)
+#include "src/cuda/common/pool.h"
+#endif
 
 namespace mxmoe {
 
@@ -51,6 +54,12 @@ std::vector<BackendInfo> Context::backends(Device device) const {
 }
 
 const char* version() { return MXMOE_VERSION; }
+
+void release_cached_memory() {
+#if defined(MXMOE_WITH_CUDA)
+  cuda::pool_trim_all();
+#endif
+}
 
 std::string build_options() {
   std::string s = "c++20, openmp";

@@ -12,6 +12,8 @@
 
 #if defined(MXMOE_WITH_CUDA)
 #include <cuda_runtime.h>
+
+#include "src/cuda/common/pool.h"
 #endif
 
 namespace mxmoe::detail {
@@ -67,7 +69,8 @@ Buffer allocate(Device device, int64_t bytes, void* stream, const Allocator& all
   }
 #if defined(MXMOE_WITH_CUDA)
   void* p = nullptr;
-  const cudaError_t err = cudaMallocAsync(&p, static_cast<size_t>(n), static_cast<cudaStream_t>(stream));
+  const cudaError_t err =
+      cuda::pool_malloc_async(&p, static_cast<size_t>(n), static_cast<cudaStream_t>(stream), device.index);
   if (err == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();  // not sticky: clear it so later calls do not report it
     throw OutOfMemoryError("memory", "device allocation of " + format_bytes(bytes) + " on " + device_name(device) +

@@ -1,6 +1,6 @@
-// Library-owned memory: host memory for the CPU backend, stream-ordered device memory for CUDA
-// (cudaMallocAsync is legal inside CUDA-graph capture, so workspaces never break a captured step).
-// Through Options::allocator when the caller set one.
+// Library-owned memory: host memory for the CPU backend, stream-ordered device memory for CUDA from
+// the library's pool of the device (src/cuda/common/pool.h; legal inside CUDA-graph capture, so
+// workspaces never break a captured step). Through Options::allocator when the caller set one.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -372,6 +372,7 @@ int main(void) {
   memset(y, 0xA5, sizeof y);
 
   printf("mxmoe %s\n", mxmoe_version());
+  mxmoe_release_cached_memory(); /* nothing cached yet: a no-op that must not fail or crash */
   mxmoe_options opt;
   memset(&opt, 0, sizeof opt);
   opt.struct_size = sizeof opt;

@@ -18,7 +18,8 @@ if [ -n "$bad" ]; then
   echo "$bad" | head -n 40
   exit 1
 fi
-for want in mxmoe_forward mxmoe_backward mxmoe_version mxmoe_permute_tokens 'mxmoe::forward(' 'mxmoe::permute_tokens(' \
+for want in mxmoe_forward mxmoe_backward mxmoe_version mxmoe_permute_tokens mxmoe_release_cached_memory \
+            'mxmoe::forward(' 'mxmoe::permute_tokens(' 'mxmoe::release_cached_memory(' \
             'mxmoe::Context::Context(' 'typeinfo for mxmoe::Error'; do
   echo "$syms" | c++filt | grep -q -F "$want" || { echo "$lib does not export $want"; exit 1; }
 done

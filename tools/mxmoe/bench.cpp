@@ -22,6 +22,8 @@
 
 #if defined(MXMOE_WITH_CUDA)
 #include <cuda_runtime.h>
+
+#include "src/cuda/common/pool.h"
 #endif
 
 namespace mxmoe::cli {
@@ -172,20 +174,17 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, bool pow2, DType dw_d
   const double tHF = double(T) * H * F;
   // Peak device memory of one run of `f`, as the peer counts it: the resident inputs, weights,
   // outputs and gradients (this function's buffers) plus the most the library held at once (the
-  // high watermark of the stream-ordered pool its allocations come from, reset first).
+  // high watermark of the library's memory pool of the device, src/cuda/common/pool.h, reset first).
   const double resident = double(x->bytes + dy->bytes + w1->bytes + w2->bytes + offsets.bytes + probs.bytes +
                                  y.bytes + dx.bytes + dprobs.bytes + dw1.bytes + dw2.bytes);
   auto peak_mib = [&](const std::function<void()>& f) {
     int dev_index = 0;
     ok(cudaGetDevice(&dev_index), "device");
-    cudaMemPool_t pool;
-    ok(cudaDeviceGetDefaultMemPool(&pool, dev_index), "mem pool");
     ok(cudaStreamSynchronize(stream), "sync");
-    uint64_t high = 0;  // the attribute value is a cuuint64_t (64-bit unsigned)
-    ok(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high), "pool reset");
+    cuda::pool_used_high(dev_index, /*reset=*/true);
     f();
     ok(cudaStreamSynchronize(stream), "sync");
-    ok(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high), "pool high");
+    const uint64_t high = cuda::pool_used_high(dev_index, /*reset=*/false);
     return (resident + double(high)) / (1024.0 * 1024.0);
   };
 

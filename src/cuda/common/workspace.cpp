@@ -3,12 +3,13 @@
 #include <string>
 
 #include "src/cuda/common/check.h"
+#include "src/cuda/common/pool.h"
 
 namespace mxmoe::cuda {
 
 Workspace::Workspace(int64_t bytes, cudaStream_t stream) : size_(bytes), stream_(stream) {
   if (bytes > 0)
-    MXMOE_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&base_), static_cast<size_t>(bytes), stream));
+    MXMOE_CUDA_CHECK(pool_malloc_async(reinterpret_cast<void**>(&base_), static_cast<size_t>(bytes), stream));
 }
 
 Workspace::~Workspace() {

@@ -1,6 +1,7 @@
-// Stream-ordered scratch memory of the CUDA kernels' host code: one cudaMallocAsync per call,
-// carved into pieces, released with cudaFreeAsync on the same stream when the object dies (both
-// legal inside CUDA-graph capture; a captured graph owns its allocation).
+// Stream-ordered scratch memory of the CUDA kernels' host code: one allocation per call from the
+// library pool of the stream's device (pool.h), carved into pieces, released with cudaFreeAsync on
+// the same stream when the object dies (both legal inside CUDA-graph capture; a captured graph owns
+// its allocation).
 #pragma once
 #include <cuda_runtime.h>
 

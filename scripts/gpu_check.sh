@@ -3,7 +3,7 @@
 # label included), compute-sanitizer memcheck and racecheck over the kernel tests, the main job on
 # its GPU default (dsv3), the benchmark and the torch peer beside it. Logs go to $OUT (or ./out).
 # GoogleTest is not installed there: carry a copy in .deps/gtest (see docs/gpu_machine.md).
-#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench|moe|fp8|fp8ncu|profile|repeat|mxweights|glubwd|dequant|ep]...   (default: all but kernels, ncu, moe, fp8, fp8ncu, profile, repeat, mxweights, glubwd, dequant, ep)
+#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench|moe|fp8|fp8ncu|profile|repeat|mxweights|glubwd|pool|dequant|ep]...   (default: all but kernels, ncu, moe, fp8, fp8ncu, profile, repeat, mxweights, glubwd, pool, dequant, ep)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-out}")
@@ -172,6 +172,24 @@ for s in $steps; do
           --gtest_filter='*GpuGlu*Backward*/cuda_sm90' >"$OUT/glu_ew_$tool.log" 2>&1
         summary "glu bwd ew $tool" "rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/glu_ew_$tool.log" | tail -1)"
       done ;;
+    pool)
+      # The library memory pool (session 16, not yet run when written): GpuMemoryPool and the layer
+      # and graph GPU tests on it, then `mxmoe bench` (POOL_ARGS, default every preset, both recipes)
+      # twice in the same binary, interleaved: MXMOE_POOL_RELEASE_BYTES=0 (memory returned at every
+      # sync, as the default pool did before) and unset (kept). $OUT/pool_{off,on}.json and
+      # pool_before_after.md (bench/compare_bench.py: "before" = off).
+      timeout 200 $B/tests/mxmoe_gpu_tests --gtest_filter='*GpuMemoryPool*:*GpuLayer*:*GpuGraph*' >"$OUT/pool_tests.log" 2>&1
+      summary "pool tests" "rc=$? $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/pool_tests.log" | tr '\n' ' ')"
+      grep -E '^\[  FAILED  \]' "$OUT/pool_tests.log" | head -10
+      for pass in 1 2; do
+        MXMOE_POOL_RELEASE_BYTES=0 timeout 200 $B/mxmoe bench ${POOL_ARGS:-} --json "$OUT/pool_off.json" >"$OUT/pool_off.log" 2>&1
+        rc_off=$?
+        timeout 200 $B/mxmoe bench ${POOL_ARGS:-} --json "$OUT/pool_on.json" >"$OUT/pool_on.log" 2>&1
+        summary "pool bench pass $pass" "off rc=$rc_off, on rc=$?"
+      done
+      python3 bench/compare_bench.py "$OUT/pool_off.json" "$OUT/pool_on.json" --labels "pool off" "pool on" \
+        --out "$OUT/pool_before_after.md" >/dev/null 2>&1
+      grep -E 'layer_fwd_bwd|wgrad' "$OUT/pool_before_after.md" | head -24 ;;
     dequant)
       # The bf16 dequantize on the hardware e4m3 conversion (session 16, not yet run when written): the
       # quantize/dequantize GPU tests (bit-exact against the CPU) and memcheck over them, the layer's

@@ -419,6 +419,8 @@ def load_mxmoe(paths):
         if out.get("dw_dtype", dw) != dw:
             raise SystemExit(f"peer_torch: {p} has dW in {dw}, an earlier file in {out['dw_dtype']}: compare one at a time")
         out["dw_dtype"] = dw
+        if "pool_release_bytes" in d:  # files before session 16 lack it (their pool kept nothing)
+            out["pool_release_bytes"] = d["pool_release_bytes"]
         out["rows"].extend(d.get("rows", []))
         for s in d.get("splits", []):
             k = (s["preset"], s["split"])
@@ -525,6 +527,11 @@ def build_markdown(meta, mx, peer_splits, rows):
              f"{meta.get('compile_mode')}, dynamic=False, compiled once per preset, compilation outside the timing.")
     L.append("- ratio = peer ms / mxmoe ms: > 1 means mxmoe is faster. TFLOP/s from 4·T·H·F (FC1 GEMMs), "
              "2·T·H·F (FC2 GEMMs), 6·T·H·F (layer fwd), 18·T·H·F (layer fwd+bwd).")
+    keep = mx.get("pool_release_bytes")
+    if keep is not None:
+        L.append("- mxmoe's device memory pool keeps "
+                 + ("its reserved memory across calls" if keep == "all" else f"up to {keep} bytes across a synchronize")
+                 + " (MXMOE_POOL_RELEASE_BYTES; torch's caching allocator keeps its own).")
     dw = (mx.get("dw_dtype") or "f32").upper()  # JSONs written before the field existed used f32
     L.append("- peer GEMMs: plain BF16 `torch._grouped_mm`, no epilogue, BF16 outputs (mxmoe fuses its epilogues "
              f"and writes {dw} dW; `mxmoe bench --dw-dtype`). k-grouped GEMMs (and so the peer layer, whose backward has them) need "
@@ -850,7 +857,7 @@ def _git_describe():
 
 def _synthetic():
     presets = [("dsv3", 7168, 2048, 32, 32768), ("gptoss-120b", 2880, 2880, 32, 32768)]
-    mx = {"device": "SYNTHETIC GPU", "rows": [], "splits": []}
+    mx = {"device": "SYNTHETIC GPU", "pool_release_bytes": "all", "rows": [], "splits": []}
     peer = []
     for pi, (name, H, F, E, T) in enumerate(presets):
         for split in ("balanced", "skew"):
@@ -923,6 +930,7 @@ def selftest(out_dir=None):
              and r["op"] == "layer_fwd_bwd")
     assert abs(r["compile_ratio"] - 180 / 320) < 1e-9 and abs(r["eager_ratio"] - 180 / 480) < 1e-9
     assert "| dsv3 | balanced | layer_fwd_bwd | bf16 | " in md
+    assert "memory pool keeps its reserved memory across calls" in md, "the pool line is missing"
     assert "error: BackendCompilerFailed: inductor / raised something" in md, "error text not in the cell"
     assert "## Peer errors" in md and "fc2_wgrad (eager)" in md
     assert "mxmoe's JSON carries no peak-memory field" in md

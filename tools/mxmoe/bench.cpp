@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <random>
 #include <tuple>
@@ -349,6 +350,10 @@ int command_bench(const CliOptions& o) {
     j["mxmoe_version"] = mxmoe::version();
     j["device"] = cuda_device_description(0);
     j["dw_dtype"] = dtype_name(dw_dtype);
+    // What the library's memory pool keeps across the timed calls (src/cuda/common/pool.h): "all",
+    // or the MXMOE_POOL_RELEASE_BYTES value (0: every sync returns it, so each call maps it again).
+    const char* keep = std::getenv("MXMOE_POOL_RELEASE_BYTES");
+    j["pool_release_bytes"] = keep != nullptr && *keep != '\0' ? std::string(keep) : std::string("all");
     j["rows"] = json::array();
     for (const Row& r : rows)
       j["rows"].push_back({{"preset", r.preset},

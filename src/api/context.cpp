@@ -5,7 +5,7 @@
 #include "src/dispatch/context_impl.h"
 #include "src/dispatch/backend.h"
 #if defined(MXMOE_WITH_CUDA)
-#include "src/cuda/common/pool.h"
+#include "src/common/pool.h"
 #endif
 
 namespace mxmoe {

@@ -5,5 +5,6 @@
 #pragma once
 #include "src/api/layer_state.h"
 #include "src/api/layer_steps.h"
+#include "src/common/pool.h"  // mxmoe bench's peaks: the library pool's watermark
 #include "src/cpu/reference_f64.h"
 #include "src/dispatch/backend.h"

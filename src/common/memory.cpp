@@ -13,7 +13,7 @@
 #if defined(MXMOE_WITH_CUDA)
 #include <cuda_runtime.h>
 
-#include "src/cuda/common/pool.h"
+#include "src/common/pool.h"
 #endif
 
 namespace mxmoe::detail {

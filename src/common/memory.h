@@ -1,5 +1,5 @@
 // Library-owned memory: host memory for the CPU backend, stream-ordered device memory for CUDA from
-// the library's pool of the device (src/cuda/common/pool.h; legal inside CUDA-graph capture, so
+// the library's pool of the device (src/common/pool.h; legal inside CUDA-graph capture, so
 // workspaces never break a captured step). Through Options::allocator when the caller set one.
 #pragma once
 #include <cstdint>

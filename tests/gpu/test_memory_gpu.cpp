@@ -1,4 +1,4 @@
-// The library's device memory pool (src/cuda/common/pool.h): what the library frees stays reserved
+// The library's device memory pool (src/common/pool.h): what the library frees stays reserved
 // across a synchronize, so the next call reuses it instead of mapping it again (the device's default
 // pool, threshold 0, returned it at every sync); release_cached_memory() returns it; layer buffers
 // and kernel scratch both come from it; its watermark counts them.
@@ -11,7 +11,7 @@
 #if defined(MXMOE_WITH_CUDA)
 #include <cuda_runtime.h>
 
-#include "src/cuda/common/pool.h"
+#include "src/common/pool.h"
 #include "src/cuda/common/workspace.h"
 #endif
 

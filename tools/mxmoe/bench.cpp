@@ -23,8 +23,6 @@
 
 #if defined(MXMOE_WITH_CUDA)
 #include <cuda_runtime.h>
-
-#include "src/cuda/common/pool.h"
 #endif
 
 namespace mxmoe::cli {
@@ -175,7 +173,7 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, bool pow2, DType dw_d
   const double tHF = double(T) * H * F;
   // Peak device memory of one run of `f`, as the peer counts it: the resident inputs, weights,
   // outputs and gradients (this function's buffers) plus the most the library held at once (the
-  // high watermark of the library's memory pool of the device, src/cuda/common/pool.h, reset first).
+  // high watermark of the library's memory pool of the device, src/common/pool.h, reset first).
   const double resident = double(x->bytes + dy->bytes + w1->bytes + w2->bytes + offsets.bytes + probs.bytes +
                                  y.bytes + dx.bytes + dprobs.bytes + dw1.bytes + dw2.bytes);
   auto peak_mib = [&](const std::function<void()>& f) {
@@ -350,7 +348,7 @@ int command_bench(const CliOptions& o) {
     j["mxmoe_version"] = mxmoe::version();
     j["device"] = cuda_device_description(0);
     j["dw_dtype"] = dtype_name(dw_dtype);
-    // What the library's memory pool keeps across the timed calls (src/cuda/common/pool.h): "all",
+    // What the library's memory pool keeps across the timed calls (src/common/pool.h): "all",
     // or the MXMOE_POOL_RELEASE_BYTES value (0: every sync returns it, so each call maps it again).
     const char* keep = std::getenv("MXMOE_POOL_RELEASE_BYTES");
     j["pool_release_bytes"] = keep != nullptr && *keep != '\0' ? std::string(keep) : std::string("all");

@@ -3,7 +3,7 @@
 #include <string>
 
 #include "src/cuda/common/check.h"
-#include "src/cuda/common/pool.h"
+#include "src/common/pool.h"
 
 namespace mxmoe::cuda {
 

@@ -6,6 +6,7 @@
 // so each call after a sync mapped its workspaces again. release_cached_memory() (mxmoe/context.h)
 // trims the pools. Inside CUDA-graph capture the allocations become graph nodes either way.
 #pragma once
+#if defined(MXMOE_WITH_CUDA)
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -30,3 +31,4 @@ uint64_t pool_reserved(int device);
 void pool_trim_all();
 
 }  // namespace mxmoe::cuda
+#endif  // MXMOE_WITH_CUDA

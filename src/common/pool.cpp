@@ -1,5 +1,7 @@
-// Library memory pools (src/cuda/common/pool.h).
-#include "src/cuda/common/pool.h"
+// Library memory pools (src/common/pool.h).
+#include "src/common/pool.h"
+
+#if defined(MXMOE_WITH_CUDA)
 
 #include <cstdlib>
 #include <mutex>
@@ -119,3 +121,4 @@ void pool_trim_all() {
 }
 
 }  // namespace mxmoe::cuda
+#endif  // MXMOE_WITH_CUDA

@@ -138,10 +138,11 @@ std::string gemm_m_refusal(const detail::MGemmStep& s) {
 
 int default_block_n(const detail::MGemmStep& s) {
   if (s.epilogue == detail::Epilogue::glu_forward) return kWideN;
-  // The MXFP8-A GLU backward (FC2 dgrad): 128-wide tiles where K <= 4096, 256-wide above. Session 16's
-  // same-run bench (every preset, both splits): 128-wide is 10-33% faster at K = 2048, 2880 and 4096
-  // (qwen3-30b, gptoss-120b, mixtral) and 11% slower at K = 7168 (dsv3), where the wider tile
-  // amortizes each k-block's A dequantization over twice the columns.
+  // The MXFP8-A GLU backward (FC2 dgrad): 128-wide tiles where K <= 4096, 256-wide above. Session 16
+  // (bench/results/2026-12-03-h200-sm90-s16-mxfp8-weights-and-glu-bwd.md, every preset, both splits):
+  // 128-wide runs 1.06-1.49x as fast at K = 2048, 2880 and 4096 (qwen3-30b, gptoss-120b, mixtral) and
+  // 0.89-0.90x at K = 7168 (dsv3); not profiled (a guess: the long mainloop amortizes the wide tile's
+  // epilogue, while narrow tiles convert every A row twice as often).
   // MXMOE_SM90_MX_GLU_BWD_N=128 or 256 (read per call, comparison runs) forces one width.
   if (s.epilogue == detail::Epilogue::glu_backward && s.gemm.a.is_mxfp8()) {
     if (env_is("MXMOE_SM90_MX_GLU_BWD_N", "128")) return kNarrowN;

@@ -20,7 +20,7 @@ from . import _build_info
 __all__ = ["GroupedMLP", "MoE", "offsets_from_counts", "quantize_mxfp8", "dequantize_mxfp8", "grouped_gemm_m",
            "grouped_gemm_k", "permute", "unpermute", "permute_by_map", "permuted_rows_bound", "Permuted",
            "Unpermuted", "PermutedByMap", "library_path", "build_info", "ExpertParallelMLP", "expert_parallel_mlp",
-           "all_to_all"]
+           "all_to_all", "release_cached_memory"]
 
 
 def library_path():
@@ -43,6 +43,14 @@ def build_info():
     """{"torch": the torch version the loaded extension was built against, "mxmoe": the project
     version compiled into it} (empty for a library without the record)."""
     return _build_info.read(_LIBRARY)
+
+
+def release_cached_memory():
+    """Give back the device memory mxmoe's own pools keep reserved between calls and no live buffer
+    holds: the kernels' scratch (the layer's tensors come from torch's caching allocator, which
+    torch.cuda.empty_cache() trims). MXMOE_POOL_RELEASE_BYTES caps what the pools keep. No-op
+    without CUDA."""
+    torch.ops.mxmoe.release_cached_memory()
 
 
 def _version():

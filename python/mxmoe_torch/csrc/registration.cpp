@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include "layer_ops.h"
+#include "mxmoe/context.h"
 
 namespace {
 
@@ -18,6 +19,9 @@ namespace {
 
 TORCH_LIBRARY(mxmoe, m) {
   using mxmoe::torch_ext::PreparedWeightsHolder;
+  // mxmoe's own device memory pools (kernel scratch; layer buffers come from torch's allocator) give
+  // back the reserved memory no live buffer holds (docs/pytorch.md). No tensors: one kernel for all.
+  m.def("release_cached_memory() -> ()", [] { mxmoe::release_cached_memory(); });
   // Registered before the schemas that name it.
   m.class_<PreparedWeightsHolder>("PreparedWeights")
       .def(torch::init<>())

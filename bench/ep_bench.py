@@ -818,18 +818,9 @@ def write_outputs(out_dir, meta, rows, blocks):
     panels = chart_panels(rows, blocks, meta.get("world"))
     if panels:
         title = f"{meta.get('device', '')}, torch {meta.get('torch', '')}, {meta.get('git') or ''}"
-        try:
-            draw_matplotlib(path, panels, title)
-            meta["chart"] = "matplotlib"
-        except ImportError:
-            try:  # the dependency-free canvas draws a line at every target: 0 where a panel has none
-                mbp.draw_fallback(path, [dict(p, target=p["target"] or 0.0, reference=p["reference"] or 0.0)
-                                         for p in panels], title)
-                meta["chart"] = "examples/moe_lm/png_chart.py (matplotlib is not installed)"
-            except Exception as e:  # noqa: BLE001
-                meta["chart"] = f"not drawn: {_err(e)}"
-        except Exception as e:  # noqa: BLE001 - the numbers matter more than the picture
-            meta["chart"] = f"not drawn: {_err(e)}"
+        # The dependency-free canvas draws a line at every target: 0 where a panel has none.
+        canvas = [dict(p, target=p["target"] or 0.0, reference=p["reference"] or 0.0) for p in panels]
+        meta["chart"] = mbp.draw_chart(path, panels, title, draw=draw_matplotlib, fallback_panels=canvas)
         meta["chart_note"] = f"Chart: ep_bench.png ({meta['chart']})."
     md = build_markdown(meta, rows, blocks)
     bars = [{"preset": r["preset"], "split": r["split"], "dispatch": r["dispatch"],

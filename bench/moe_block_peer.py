@@ -1024,23 +1024,29 @@ def draw_fallback(path, panels, title):
         f.write(cv.png())
 
 
+def draw_chart(path, panels, title, draw=None, fallback_panels=None):
+    """Draws `panels` with matplotlib (`draw`, default draw_matplotlib), else with the dependency-free
+    canvas (on `fallback_panels` when given); returns what drew it, or why nothing did. The numbers
+    matter more than the picture: a failure here is reported, never raised."""
+    try:
+        (draw or draw_matplotlib)(path, panels, title)
+        return "matplotlib"
+    except ImportError:
+        try:
+            draw_fallback(path, panels if fallback_panels is None else fallback_panels, title)
+            return "examples/moe_lm/png_chart.py (matplotlib is not installed)"
+        except Exception as e:  # noqa: BLE001
+            return f"not drawn: {_err(e)}"
+    except Exception as e:  # noqa: BLE001
+        return f"not drawn: {_err(e)}"
+
+
 def write_outputs(out_dir, meta, perm, blocks, with_chart=True):
     md_meta = dict(meta)
     if out_dir and with_chart and (perm or blocks):
         title = f"{meta.get('device', '')}, torch {meta.get('torch', '')}, {meta.get('git') or ''}"
         panels = chart_panels(perm, blocks)
-        path = os.path.join(out_dir, "moe_block.png")
-        try:
-            draw_matplotlib(path, panels, title)
-            meta["chart"] = "matplotlib"
-        except ImportError:
-            try:
-                draw_fallback(path, panels, title)
-                meta["chart"] = "examples/moe_lm/png_chart.py (matplotlib is not installed)"
-            except Exception as e:  # noqa: BLE001
-                meta["chart"] = f"not drawn: {_err(e)}"
-        except Exception as e:  # noqa: BLE001 - the numbers matter more than the picture
-            meta["chart"] = f"not drawn: {_err(e)}"
+        meta["chart"] = draw_chart(os.path.join(out_dir, "moe_block.png"), panels, title)
         md_meta["chart_note"] = f"Chart: moe_block.png ({meta['chart']})."
     md = build_markdown(md_meta, perm, blocks)
     if out_dir:

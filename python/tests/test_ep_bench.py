@@ -5,7 +5,6 @@ mode end to end as a user runs it (two gloo processes on the CPU writing ep_benc
 Run: PYTHONPATH=python MXMOE_TORCH_LIBRARY=<build>/python/libmxmoe_torch.so python -m pytest python/tests/test_ep_bench.py
 """
 
-import importlib.util
 import json
 import math
 import os
@@ -23,18 +22,13 @@ except (ImportError, OSError, RuntimeError) as error:
     NO_LIBRARY = f"the mxmoe torch library does not load: {type(error).__name__}: {error}"
 needs_library = pytest.mark.skipif(NO_LIBRARY is not None, reason=NO_LIBRARY or "")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "bench", "ep_bench.py")
+import bench_scripts  # noqa: E402  (python/tests/bench_scripts.py)
+from bench_scripts import ROOT  # noqa: E402
+
+SCRIPT = bench_scripts.script_path("ep_bench")
 
 
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("ep_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bench = _load_bench()
+bench = bench_scripts.load("ep_bench")
 
 
 def test_scale_and_row_bytes_by_hand():

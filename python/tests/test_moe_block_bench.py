@@ -5,7 +5,6 @@ same block without padding.
 
 Run: PYTHONPATH=python MXMOE_TORCH_LIBRARY=<build>/python/libmxmoe_torch.so python -m pytest python/tests"""
 
-import importlib.util
 import json
 import os
 import re
@@ -15,18 +14,13 @@ import sys
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "bench", "moe_block_peer.py")
+import bench_scripts  # noqa: E402  (python/tests/bench_scripts.py)
+from bench_scripts import ROOT  # noqa: E402
+
+SCRIPT = bench_scripts.script_path("moe_block_peer")
 
 
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("moe_block_peer", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bench = _load_bench()
+bench = bench_scripts.load("moe_block_peer")
 
 
 def _grouped_mm_on_cpu():

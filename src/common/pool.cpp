@@ -87,6 +87,12 @@ cudaError_t pool_malloc_async(void** ptr, size_t bytes, cudaStream_t stream, int
     const cudaError_t e = cudaStreamGetDevice(stream, &device);
     if (e != cudaSuccess) return e;
   }
+  // A captured allocation becomes a graph memory node, which only the device's default pool serves
+  // (cudaMallocFromPoolAsync under capture: cudaErrorStreamCaptureUnsupported, H200, CUDA 13.0).
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t e = cudaStreamIsCapturing(stream, &status);
+  if (e != cudaSuccess) return e;
+  if (status != cudaStreamCaptureStatusNone) return cudaMallocAsync(ptr, bytes, stream);
   const cudaMemPool_t pool = library_pool(device, stream);
   return pool != nullptr ? cudaMallocFromPoolAsync(ptr, bytes, pool, stream) : cudaMallocAsync(ptr, bytes, stream);
 }

@@ -4,7 +4,8 @@
 // caching allocator does. The device's default pool (what plain cudaMallocAsync uses) releases its
 // reserved memory back to the driver at every stream, event or device synchronize (threshold 0),
 // so each call after a sync mapped its workspaces again. release_cached_memory() (mxmoe/context.h)
-// trims the pools. Inside CUDA-graph capture the allocations become graph nodes either way.
+// trims the pools. Inside CUDA-graph capture the allocations come from the device's current pool as
+// graph memory nodes (capture does not take allocations from an explicit pool).
 #pragma once
 #if defined(MXMOE_WITH_CUDA)
 #include <cuda_runtime.h>
@@ -13,9 +14,9 @@
 
 namespace mxmoe::cuda {
 
-// cudaMallocAsync's contract, from the library pool of `device` (-1: the stream's device). Before
-// the pool exists, while `stream` is being captured, it falls back to the device's current pool
-// (a pool is not made during a capture); also where pools cannot be made.
+// cudaMallocAsync's contract, from the library pool of `device` (-1: the stream's device). While
+// `stream` is being captured it is plain cudaMallocAsync (a graph memory node); also where pools
+// cannot be made.
 cudaError_t pool_malloc_async(void** ptr, size_t bytes, cudaStream_t stream, int device = -1);
 
 // The most bytes in use at once from the library pool of `device` since the last reset (reset:

@@ -83,16 +83,18 @@ cudaMemPool_t library_pool(int device, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t pool_malloc_async(void** ptr, size_t bytes, cudaStream_t stream, int device) {
-  if (device < 0) {
-    const cudaError_t e = cudaStreamGetDevice(stream, &device);
-    if (e != cudaSuccess) return e;
-  }
-  // A captured allocation becomes a graph memory node, which only the device's default pool serves
+  // A captured allocation becomes a graph memory node, which only the device's current pool serves
   // (cudaMallocFromPoolAsync under capture: cudaErrorStreamCaptureUnsupported, H200, CUDA 13.0).
+  // Nothing else is called first: cudaStreamGetDevice under a global capture fails the same way and
+  // invalidates the capture.
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   const cudaError_t e = cudaStreamIsCapturing(stream, &status);
   if (e != cudaSuccess) return e;
   if (status != cudaStreamCaptureStatusNone) return cudaMallocAsync(ptr, bytes, stream);
+  if (device < 0) {
+    const cudaError_t d = cudaStreamGetDevice(stream, &device);
+    if (d != cudaSuccess) return d;
+  }
   const cudaMemPool_t pool = library_pool(device, stream);
   return pool != nullptr ? cudaMallocFromPoolAsync(ptr, bytes, pool, stream) : cudaMallocAsync(ptr, bytes, stream);
 }

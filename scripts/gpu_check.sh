@@ -178,7 +178,7 @@ for s in $steps; do
       # twice in the same binary, interleaved: MXMOE_POOL_RELEASE_BYTES=0 (memory returned at every
       # sync, as the default pool did before) and unset (kept). $OUT/pool_{off,on}.json and
       # pool_before_after.md (bench/compare_bench.py: "before" = off).
-      timeout 200 $B/tests/mxmoe_gpu_tests --gtest_filter='*GpuMemoryPool*:*GpuLayer*:*GpuGraph*' >"$OUT/pool_tests.log" 2>&1
+      timeout 200 $B/tests/mxmoe_gpu_tests --gtest_filter='*GpuMemoryPool*:*GpuLayer*:*GpuGraph*:*Captured*:*GraphReplay*' >"$OUT/pool_tests.log" 2>&1
       summary "pool tests" "rc=$? $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/pool_tests.log" | tr '\n' ' ')"
       grep -E '^\[  FAILED  \]' "$OUT/pool_tests.log" | head -10
       for pass in 1 2; do

@@ -3,7 +3,7 @@
 # label included), compute-sanitizer memcheck and racecheck over the kernel tests, the main job on
 # its GPU default (dsv3), the benchmark and the torch peer beside it. Logs go to $OUT (or ./out).
 # GoogleTest is not installed there: carry a copy in .deps/gtest (see docs/gpu_machine.md).
-#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench|moe|fp8|fp8ncu|profile|repeat|mxweights|glubwd|pool|dequant|ep]...   (default: all but kernels, ncu, moe, fp8, fp8ncu, profile, repeat, mxweights, glubwd, pool, dequant, ep)
+#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench|moe|fp8|fp8ncu|profile|repeat|hang|mxweights|glubwd|pool|dequant|ep]...   (default: all but kernels, ncu, moe, fp8, fp8ncu, profile, repeat, hang, mxweights, glubwd, pool, dequant, ep)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-out}")
@@ -250,6 +250,27 @@ for s in $steps; do
         --gtest_repeat=${REPEAT_COUNT:-10} >"$OUT/repeat.log" 2>&1; rc=$?
       summary "repeat x${REPEAT_COUNT:-10}" "rc=$rc ok $(grep -c '^\[       OK \]' "$OUT/repeat.log") failed $(grep -c '^\[  FAILED  \] Backends' "$OUT/repeat.log")"
       grep -E "actual:|output |Failure" "$OUT/repeat.log" | head -12 ;;
+    hang)
+      # Session 17: two of four full `mxmoe bench` runs stopped at their 200 s timeout, the other two
+      # took seconds; the one log kept stops after "gptoss-120b skew bf16 fc2_fprop" (the bench prints
+      # a row to unbuffered stderr after its op's timing, so the next op, bf16 fc2_dgrad on the
+      # epilogue-warp kernel GluBwdEw, BN 192, was running). Session 12 saw a bf16 bench time out once
+      # too. HANG_ARGS (default '--preset gptoss-120b --recipe bf16') HANG_COUNT times (default 12),
+      # 60 s each: how many stop, and the row after which each stopped. Then compute-sanitizer
+      # synccheck and racecheck over the BF16 GLU-backward GPU tests with the epilogue warps forced.
+      hung=0
+      for i in $(seq 1 ${HANG_COUNT:-12}); do
+        timeout 60 $B/mxmoe bench ${HANG_ARGS:---preset gptoss-120b --recipe bf16} >"$B/hang_$i.log" 2>&1; rc=$?
+        if [ $rc -ne 0 ]; then
+          hung=$((hung + 1)); echo "run $i rc=$rc, last row: $(tail -1 "$B/hang_$i.log")" | tee -a "$OUT/hang.txt"
+        fi
+      done
+      summary "hang x${HANG_COUNT:-12}" "stopped $hung"
+      for tool in synccheck racecheck; do
+        MXMOE_SM90_FC2_DGRAD=ew timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/mxmoe_gpu_tests \
+          --gtest_filter='*GpuGluBackward*/cuda_sm90:*GpuLayer.MatchesCpu*/cuda_sm90' >"$OUT/hang_$tool.log" 2>&1
+        summary "hang $tool (ew forced)" "rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/hang_$tool.log" | tail -1)"
+      done ;;
     profile)
       # bench/layer_profile.py with the built extension: torch.profiler's per-kernel CUDA times of one
       # GroupedMLP forward+backward (no nsys there), PROFILE_ARGS (default: dsv3, skewed, fp8_blockwise)

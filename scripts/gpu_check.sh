@@ -184,9 +184,9 @@ for s in $steps; do
       summary "pool tests" "rc=$? $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/pool_tests.log" | tr '\n' ' ')"
       grep -E '^\[  FAILED  \]' "$OUT/pool_tests.log" | head -10
       for pass in 1 2; do
-        MXMOE_POOL_RELEASE_BYTES=0 timeout 400 $B/mxmoe bench ${POOL_ARGS:-} --json "$OUT/pool_off.json" >"$OUT/pool_off.log" 2>&1
+        MXMOE_POOL_RELEASE_BYTES=0 timeout 120 $B/mxmoe bench ${POOL_ARGS:-} --json "$OUT/pool_off.json" >"$OUT/pool_off.log" 2>&1
         rc_off=$?
-        timeout 400 $B/mxmoe bench ${POOL_ARGS:-} --json "$OUT/pool_on.json" >"$OUT/pool_on.log" 2>&1
+        timeout 120 $B/mxmoe bench ${POOL_ARGS:-} --json "$OUT/pool_on.json" >"$OUT/pool_on.log" 2>&1
         summary "pool bench pass $pass" "off rc=$rc_off, on rc=$?"
       done
       python3 bench/compare_bench.py "$OUT/pool_off.json" "$OUT/pool_on.json" --labels "pool off" "pool on" \

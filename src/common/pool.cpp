@@ -83,10 +83,9 @@ cudaMemPool_t library_pool(int device, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t pool_malloc_async(void** ptr, size_t bytes, cudaStream_t stream, int device) {
-  // A captured allocation becomes a graph memory node, which only the device's current pool serves
-  // (cudaMallocFromPoolAsync under capture: cudaErrorStreamCaptureUnsupported, H200, CUDA 13.0).
-  // Nothing else is called first: cudaStreamGetDevice under a global capture fails the same way and
-  // invalidates the capture.
+  // Under capture the allocation is plain cudaMallocAsync, a graph memory node, as before the library
+  // had a pool. The capture check comes first: cudaStreamGetDevice under a global capture fails with
+  // cudaErrorStreamCaptureUnsupported and invalidates the capture (H200, CUDA 13.0, session 17).
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   const cudaError_t e = cudaStreamIsCapturing(stream, &status);
   if (e != cudaSuccess) return e;

@@ -4,8 +4,8 @@
 // caching allocator does. The device's default pool (what plain cudaMallocAsync uses) releases its
 // reserved memory back to the driver at every stream, event or device synchronize (threshold 0),
 // so each call after a sync mapped its workspaces again. release_cached_memory() (mxmoe/context.h)
-// trims the pools. Inside CUDA-graph capture the allocations come from the device's current pool as
-// graph memory nodes (capture does not take allocations from an explicit pool).
+// trims the pools. Inside CUDA-graph capture the allocations are plain cudaMallocAsync: graph memory
+// nodes, as before the library had a pool.
 #pragma once
 #if defined(MXMOE_WITH_CUDA)
 #include <cuda_runtime.h>

@@ -3,7 +3,7 @@
 # label included), compute-sanitizer memcheck and racecheck over the kernel tests, the main job on
 # its GPU default (dsv3), the benchmark and the torch peer beside it. Logs go to $OUT (or ./out).
 # GoogleTest is not installed there: carry a copy in .deps/gtest (see docs/gpu_machine.md).
-#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench|moe|fp8|fp8ncu|profile|repeat|hang|mxweights|glubwd|pool|dequant|ep]...   (default: all but kernels, ncu, moe, fp8, fp8ncu, profile, repeat, hang, mxweights, glubwd, pool, dequant, ep)
+#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench|moe|fp8|fp8ncu|profile|repeat|hang|mxweights|glubwd|pingpong|pool|dequant|ep]...   (default: all but kernels, ncu, moe, fp8, fp8ncu, profile, repeat, hang, mxweights, glubwd, pingpong, pool, dequant, ep)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-out}")
@@ -174,6 +174,34 @@ for s in $steps; do
           --gtest_filter='*GpuGlu*Backward*/cuda_sm90' >"$OUT/glu_ew_$tool.log" 2>&1
         summary "glu bwd ew $tool" "rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/glu_ew_$tool.log" | tail -1)"
       done ;;
+    pingpong)
+      # The MXFP8 FC2 dgrad with pingpong consumers (MXMOE_SM90_MX_GLU_BWD=pp; session 17, not yet run
+      # when written; taken where no db1 is asked for, so the bench's problems, which have no bias,
+      # take it): its GPU test first under a timeout (a barrier mistake hangs), then synccheck,
+      # racecheck and memcheck on it, the GLU and layer GPU tests with the switch on, and `mxmoe bench
+      # --recipe mxfp8` (PP_ARGS) off / on twice, interleaved -> $OUT/pp_before_after.md.
+      timeout 120 $B/tests/mxmoe_gpu_tests --gtest_filter='*GpuGluBackward.Mxfp8Pingpong*/cuda_sm90' >"$OUT/pp_test.log" 2>&1
+      rc=$?; summary "pingpong test" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/pp_test.log" | tr '\n' ' ')"
+      grep -E '^\[  FAILED  \]|Failure|error' "$OUT/pp_test.log" | head -8
+      if [ $rc -eq 0 ]; then
+        for tool in synccheck racecheck memcheck; do
+          timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/mxmoe_gpu_tests \
+            --gtest_filter='*GpuGluBackward.Mxfp8Pingpong*/cuda_sm90' >"$OUT/pp_$tool.log" 2>&1
+          summary "pingpong $tool" "rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/pp_$tool.log" | tail -1)"
+        done
+        MXMOE_SM90_MX_GLU_BWD=pp timeout 150 $B/tests/mxmoe_gpu_tests --gtest_filter='*GpuGlu*:*GpuLayer*' \
+          >"$OUT/pp_glu_layer.log" 2>&1
+        summary "pingpong glu+layer tests" "rc=$? $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/pp_glu_layer.log" | tr '\n' ' ')"
+        for pass in 1 2; do
+          timeout 120 $B/mxmoe bench --recipe mxfp8 ${PP_ARGS:-} --json "$OUT/pp_off.json" >"$OUT/pp_off.log" 2>&1; rc_off=$?
+          MXMOE_SM90_MX_GLU_BWD=pp timeout 120 $B/mxmoe bench --recipe mxfp8 ${PP_ARGS:-} --json "$OUT/pp_on.json" \
+            >"$OUT/pp_on.log" 2>&1
+          summary "pingpong bench pass $pass" "off rc=$rc_off, on rc=$?"
+        done
+        python3 bench/compare_bench.py "$OUT/pp_off.json" "$OUT/pp_on.json" --labels "coop" "pingpong" \
+          --out "$OUT/pp_before_after.md" >/dev/null 2>&1
+        grep -E 'fc2_dgrad|layer_fwd_bwd' "$OUT/pp_before_after.md" | head -24
+      fi ;;
     pool)
       # The library memory pool (session 16, not yet run when written): GpuMemoryPool and the layer
       # and graph GPU tests on it, then `mxmoe bench` (POOL_ARGS, default every preset, both recipes)

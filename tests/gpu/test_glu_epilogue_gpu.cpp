@@ -166,6 +166,7 @@ struct BwdOptions {
   DType db1 = DType::f32;
   bool accumulate = false;
   bool dprob_add = true;
+  bool with_db1 = true;  // false: a problem without FC1 bias, no db1 asked for (cuda_sm90 pingpong)
 };
 
 void expect_glu_backward_ok(detail::Backend& backend, const GluCase& c, const BwdOptions& o = {}) {
@@ -185,7 +186,7 @@ void expect_glu_backward_ok(detail::Backend& backend, const GluCase& c, const Bw
   MxOutDual dmx(t, 2 * f, e), dmx2(t, 2 * f, e);
 
   Problem problem = problem_of(c, e);
-  problem.fc1_bias = true;  // db1 is always checked
+  problem.fc1_bias = o.with_db1;  // db1 is checked wherever it is asked for
   auto step = [&](bool dev, bool per_expert, Dual& d1, Dual& dcb, Dual& dpr, MxOutDual& dm) {
     detail::LayerStep st = detail::fc2_dgrad(
         problem, {.dy = dev ? dy.dev() : dy.host(),
@@ -195,7 +196,7 @@ void expect_glu_backward_ok(detail::Backend& backend, const GluCase& c, const Bw
                   .c = dev ? cmat.dv() : cmat.hv(),
                   .dprobs = dev ? dpr.dv() : dpr.hv(),
                   .dprob_add = o.dprob_add ? (dev ? add.dv() : add.hv()) : TensorView{},
-                  .db1 = {dev ? d1.dv() : d1.hv(), o.accumulate},
+                  .db1 = {o.with_db1 ? (dev ? d1.dv() : d1.hv()) : TensorView{}, o.with_db1 && o.accumulate},
                   .dc = glu_output(c.mx_out, dev, c.scale_layout, dcb, dm)});
     std::get<MGemmStep>(st.args).gemm.b_kn = c.b_kn;  // the layer's W2 is [K, N]; [N, K] works too
     return st;
@@ -217,9 +218,13 @@ void expect_glu_backward_ok(detail::Backend& backend, const GluCase& c, const Bw
   sync();
 
   const HostTensor gdb1 = db1.download(), gdp = dp.download();
-  EXPECT_LE(rel_error(gdb1.view, db1.hv()), 1e-2) << "db1";
+  if (o.with_db1) {
+    EXPECT_LE(rel_error(gdb1.view, db1.hv()), 1e-2) << "db1";
+    EXPECT_TRUE(bytes_equal(gdb1.view, db1_2.download().view)) << "db1 not bit-identical across runs/layouts";
+  } else {
+    EXPECT_TRUE(bytes_equal(gdb1.view, db1_init.view)) << "db1 was not asked for, yet written";
+  }
   EXPECT_LE(rel_error(gdp.view, dp.hv()), 1e-2) << "dprobs";
-  EXPECT_TRUE(bytes_equal(gdb1.view, db1_2.download().view)) << "db1 not bit-identical across runs/layouts";
   EXPECT_TRUE(bytes_equal(gdp.view, dp2.download().view)) << "dprobs not bit-identical across runs/layouts";
   if (c.mx_out) {
     expect_mx_close(dmx, c.scale_layout, in.offsets_h, "dC");
@@ -406,15 +411,19 @@ TEST_P(GpuGluBackward, MatchesCpuBothRecipesActivationsAndLayouts) {
 // K = 4096, so these shapes run 128-wide unforced), epilogue warps on 192- and 128-wide tiles with the A
 // scales from L2 (MXMOE_SM90_MX_GLU_BWD=ew / ew128). Several n-tiles and a partial last one, groups
 // ending inside tiles, both GLU and scale layouts, MXFP8 and bf16 dC. Other backends ignore them.
+// An environment switch set for a scope (cuda_sm90 reads these per call).
+struct Switch {
+  const char* name;
+  Switch(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+  ~Switch() { unsetenv(name); }
+};
+
 TEST_P(GpuGluBackward, Mxfp8TileVariantsMatchCpu) {
 #if defined(MXMOE_WITH_CUDA)
-  struct Switch {
-    const char* name;
-    Switch(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
-    ~Switch() { unsetenv(name); }
-  };
+  // (pp: pingpong consumers where no db1 is asked for, here the second case; the others fall back)
   for (auto [name, value] : {std::pair{"MXMOE_SM90_MX_GLU_BWD_N", "128"}, std::pair{"MXMOE_SM90_MX_GLU_BWD_N", "256"},
-                             std::pair{"MXMOE_SM90_MX_GLU_BWD", "ew"}, std::pair{"MXMOE_SM90_MX_GLU_BWD", "ew128"}}) {
+                             std::pair{"MXMOE_SM90_MX_GLU_BWD", "ew"}, std::pair{"MXMOE_SM90_MX_GLU_BWD", "ew128"},
+                             std::pair{"MXMOE_SM90_MX_GLU_BWD", "pp"}}) {
     SCOPED_TRACE(testing::Message() << name << "=" << value);
     const Switch on(name, value);
     expect_glu_backward_ok(backend(),
@@ -427,6 +436,39 @@ TEST_P(GpuGluBackward, Mxfp8TileVariantsMatchCpu) {
                                               .mx_out = true, .b_kn = true, .act = Activation::clamped_swiglu,
                                               .layout = GluLayout::interleave32, .scale_layout = ScaleLayout::swizzled},
                            BwdOptions{.db1 = DType::bf16, .dprob_add = false});
+  }
+#endif
+}
+
+// cuda_sm90's pingpong consumers for the MXFP8 GLU backward (MXMOE_SM90_MX_GLU_BWD=pp, session 17),
+// 128- and 256-wide: taken where no db1 is asked for. Tiles whose upper 64-row half lies past the
+// group's end (41, 37 and 161 rows), empty groups, a one-row group, several n-tiles with a partial
+// last one, a K of many k-blocks (and so several tiles per CTA walking the ring twice each), both
+// GLU and scale layouts, MXFP8 and bf16 dC; then a case with db1, which takes the cooperative kernel.
+TEST_P(GpuGluBackward, Mxfp8PingpongMatchesCpu) {
+#if defined(MXMOE_WITH_CUDA)
+  const BwdOptions no_db1{.with_db1 = false};
+  for (const char* width : {"128", "256"}) {
+    SCOPED_TRACE(testing::Message() << "MXMOE_SM90_MX_GLU_BWD=pp, MXMOE_SM90_MX_GLU_BWD_N=" << width);
+    const Switch pp("MXMOE_SM90_MX_GLU_BWD", "pp"), n("MXMOE_SM90_MX_GLU_BWD_N", width);
+    expect_glu_backward_ok(backend(),
+                           GluCase{.sizes = {41, 0, 129, 300}, .h = 320, .f = 1440, .mx = true, .mx_out = true,
+                                   .b_kn = true, .act = Activation::clamped_swiglu, .layout = GluLayout::interleave32},
+                           no_db1);
+    expect_glu_backward_ok(backend(), GluCase{.sizes = {37, 0, 161, 300, 1}, .h = 192, .f = 416, .mx = true,
+                                              .mx_out = false, .b_kn = true},
+                           no_db1);
+    expect_glu_backward_ok(backend(), GluCase{.sizes = {41, 0, 129}, .h = 1408, .f = 2880 / 2, .mx = true,
+                                              .mx_out = true, .b_kn = true, .act = Activation::clamped_swiglu,
+                                              .layout = GluLayout::interleave32, .scale_layout = ScaleLayout::swizzled},
+                           BwdOptions{.dprob_add = false, .with_db1 = false});
+    expect_glu_backward_ok(backend(), GluCase{.sizes = {600, 0, 1300, 64, 0, 700}, .h = 2048, .f = 768, .mx = true,
+                                              .mx_out = true, .b_kn = true},
+                           no_db1);
+    expect_glu_backward_ok(backend(), GluCase{.sizes = {0, 0, 0}, .mx = true, .mx_out = true, .b_kn = true}, no_db1);
+    expect_glu_backward_ok(backend(), GluCase{.sizes = {41, 0, 129, 300}, .h = 320, .f = 1440, .mx = true,
+                                              .mx_out = true, .b_kn = true},
+                           BwdOptions{.db1 = DType::f32, .accumulate = true});
   }
 #endif
 }

@@ -92,7 +92,16 @@ inline constexpr int kEwEpiBytes = kBlockM * BN * 4 + kEwWarps * 2 * BN * 4;
 //           other's wgmmas run) measured the same (FC1 2.69 vs 2.73 ms, FC2 1.08 vs 1.03) and was
 //           taken out again.
 enum class Mx : uint8_t { none, a, ab, blk, blk_staged };
-template <int BN_, Major AMajor_, Major BMajor_, Grouping G_, Epi E_, int Cluster_ = 1, Mx Mx_ = Mx::none>
+// PP_ (pingpong, session 17, MXMOE_SM90_MX_GLU_BWD=pp; docs/kernels/sm90_pingpong_plan.md): the two
+// consumer warp groups take the two 64-row halves of each 128 x BN tile one after the other instead
+// of together, so that one warp group's epilogue runs while the other's mainloop keeps the tensor
+// pipe busy. The ring holds a tile's k-blocks twice (half 0's, then half 1's: the same A and B
+// bytes, loaded again); each stage is read and released by one warp group; an order barrier per
+// warp group makes their mainloops alternate, so a warp group waits on a full barrier only once the
+// other has issued its last k-block (within one phase: the parity waits cannot alias). MXFP8 A
+// (Mx::a) with the in-line GLU backward and no db1 (its column sums cross the two warp groups).
+template <int BN_, Major AMajor_, Major BMajor_, Grouping G_, Epi E_, int Cluster_ = 1, Mx Mx_ = Mx::none,
+          bool PP_ = false>
 struct KernelConfig {
   static constexpr int kBlockN = BN_;
   static constexpr Major kAMajor = AMajor_, kBMajor = BMajor_;
@@ -109,6 +118,10 @@ struct KernelConfig {
   // The consumers read the stage with ordinary loads (FP8 A fragments, staged scales): each thread
   // releases it itself (racecheck orders only a thread's own loads before its arrival).
   static constexpr bool kThreadRelease = kMx || kBlkStaged;
+  static constexpr bool kPingpong = PP_;
+  static constexpr int kUnitHalves = PP_ ? 2 : 1;  // ring passes per tile
+  static_assert(!PP_ || (Mx_ == Mx::a && E_ == Epi::glu_backward && G_ == Grouping::m),
+                "pingpong: the MXFP8-A GLU backward (FC2 dgrad) only");
   static_assert(!kBlk || (AMajor_ == Major::k && BMajor_ == Major::k && BN_ == 128 &&
                           (G_ == Grouping::m ? E_ != Epi::wgrad && E_ != Epi::glu_backward_ew : E_ == Epi::wgrad)),
                 "FP8 blockwise: K-major A and B (dgrad: B transposed first; wgrad: both token-block operands "
@@ -144,7 +157,7 @@ struct KernelConfig {
   static constexpr int kStages = kFree / (kStageBytes + kScaleBytes) > 8 ? 8 : kFree / (kStageBytes + kScaleBytes);
   static constexpr int kSmemBytes =
       kReserved + kEpiBytes + kBBufs * kBBufBytes + kStages * (kStageBytes + kScaleBytes);
-  static_assert(2 * 8 * kStages + 16 <= 256, "barriers");
+  static_assert(2 * 8 * kStages + 16 + (PP_ ? 16 : 0) <= 256, "barriers");
   // CTA pairs along M can share (multicast) the B tile (2/3 of the bytes a 128 x 256 tile reads per
   // k-block). Since the release fix in ptx.cuh (mbar_arrive_cluster) the pairs run faster than single
   // CTAs in bench/sm90_kernels.cu (FC1 dsv3 720 vs 619 TFLOP/s): the layer's kernels run pairs
@@ -782,6 +795,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(epi_smem + Cfg::kEpiBytes);  // (stages)
   uint64_t* empty = full + kStages;                                         // (stages)
   uint64_t* hand = empty + kStages;  // glu_backward_ew: [0] the hand-off tile is full, [1] it is free
+  uint64_t* order = hand + 2;         // pingpong: [c] warp group c may start its next mainloop
   auto stage_a = [&](int s) { return smem + s * Cfg::kStageBytes; };
   auto stage_b = [&](int s) { return smem + s * Cfg::kStageBytes + Cfg::kStageA; };
   auto bbuf = [&](int b) { return bbuf0 + b * Cfg::kBBufBytes; };
@@ -799,7 +813,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       // retired it for the whole warp group). MXFP8: every consumer thread of this CTA (each read A
       // and the scales with ordinary loads, which only its own arrival orders before the refill, as
       // racecheck sees it) and one per consumer warp of the peer.
-      mbar_init(&empty[s], Cfg::kThreadRelease ? kConsumerThreads + 8 * (kCluster - 1) : 2 * kCluster);
+      // Pingpong: one consumer warp group reads each stage (128 threads, 4 warps of the peer).
+      constexpr int kReaders = Cfg::kPingpong ? 128 : kConsumerThreads;
+      mbar_init(&empty[s], Cfg::kThreadRelease ? kReaders + kReaders / 32 * (kCluster - 1) : 2 * kCluster);
+    }
+    if constexpr (Cfg::kPingpong) {
+      // Every thread of the other warp group arrives once it has issued its mainloop's last k-block.
+      mbar_init(&order[0], 128);
+      mbar_init(&order[1], 128);
     }
     if constexpr (Cfg::kEpi == Epi::glu_backward_ew) {
       // Every thread that wrote (consumers) or read (epilogue warps) the hand-off tile arrives.
@@ -834,12 +855,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t phase = 0;
       for (int64_t idx = first; idx < total; idx += step) {
         const Tile t = tile_at<Cfg::kGrouping, kCluster, Cfg::kBlk>(p, idx, rank, m_count);
-        for (int kb = 0; kb < t.k_blocks; ++kb) {
-          mbar_wait(&empty[stage], phase ^ 1);
-          mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytes);
-          load_stage<Cfg>(p, t, kb, rank, stage_a(stage), stage_b(stage), &full[stage], &tma_a, &tma_b0, &tma_b1);
-          if (++stage == kStages) stage = 0, phase ^= 1;
-        }
+        for (int h = 0; h < Cfg::kUnitHalves; ++h)  // pingpong: the tile's k-blocks once per half
+          for (int kb = 0; kb < t.k_blocks; ++kb) {
+            mbar_wait(&empty[stage], phase ^ 1);
+            mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytes);
+            load_stage<Cfg>(p, t, kb, rank, stage_a(stage), stage_b(stage), &full[stage], &tma_a, &tma_b0, &tma_b1);
+            if (++stage == kStages) stage = 0, phase ^= 1;
+          }
       }
     } else if constexpr (kEw) {
       if (threadIdx.x >= 32) {
@@ -864,7 +886,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         int turn = 0;  // FP8 blockwise, staged: k-block count mod 3; loader warp lt / 32 takes its turns
         for (int64_t idx = first; idx < total; idx += step) {
           const Tile t = tile_at<Cfg::kGrouping, kCluster, Cfg::kBlk>(p, idx, rank, m_count);
-          for (int kb = 0; kb < t.k_blocks; ++kb) {
+          for (int kb = 0; kb < Cfg::kUnitHalves * t.k_blocks; ++kb) {
             if constexpr (Cfg::kBlkStaged) {
               if (turn == lt / 32) {
                 mbar_wait(&empty[stage], phase ^ 1);
@@ -874,7 +896,8 @@ __global__ void __launch_bounds__(kThreads, 1)
               turn = turn == 2 ? 0 : turn + 1;
             } else {
               mbar_wait(&empty[stage], phase ^ 1);
-              if (t.live) load_scales<Cfg>(p, t, kb, lt, scl(stage));
+              // (pingpong: the second half's pass loads the same k-blocks' scales again)
+              if (t.live) load_scales<Cfg>(p, t, Cfg::kPingpong ? kb % t.k_blocks : kb, lt, scl(stage));
               mbar_arrive(&full[stage]);
             }
             if (++stage == kStages) stage = 0, phase ^= 1;
@@ -925,6 +948,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (++stage == kStages) stage = 0, phase ^= 1;
       }
     };
+    // Pingpong: the stages of the other warp group's pass (stage and phase arithmetic only), and
+    // this warp group's passes so far (the order barriers' parity).
+    [[maybe_unused]] auto skip = [&](int n) {
+      const int s = stage + n;
+      phase ^= static_cast<uint32_t>((s / kStages) & 1);
+      stage = s % kStages;
+    };
+    [[maybe_unused]] uint32_t units = 0;
     for (int64_t idx = first; idx < total; idx += step) {
       const Tile t = tile_at<Cfg::kGrouping, kCluster, Cfg::kBlk>(p, idx, rank, m_count);
       if (t.live) epilogue_prefetch<Cfg>(p, t, cw, ctid, epi_smem);
@@ -936,6 +967,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       int prev = -1;
       bool prev_zeroed = false, zeroed = false;
+      // `mine`: this warp group computes its rows of the tile (pingpong: half cw, unless past the
+      // group's end). Pingpong: half 0's pass comes first in the ring; every pass, dummy or empty
+      // ones too, waits for its turn once and hands the turn over once (order).
+      [[maybe_unused]] bool mine = t.live;
+      if constexpr (Cfg::kPingpong) {
+        if (cw == 1) skip(t.k_blocks);
+        mbar_wait(&order[cw], (units & 1u) ^ (cw == 0 ? 1u : 0u));
+        mine = t.live && t.row0 + 64 * cw < t.row_end;
+      }
       if constexpr (Cfg::kBlk) {
         // Per k-block: wait for the stage, the 4 FP8 wgmmas into `part`, the next k-block's scales
         // loaded (global, L2) while they run, wait, release the stage, promote.
@@ -1011,7 +1051,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int wtid = ctid % 128;
         uint32_t a[4][4];
         float sc[2][2];
-        if (t.live) {
+        if (mine) {
           // kScalesL2: the scales of the thread's rows r, r + 8 (fp8_fragment's), loaded a k-block
           // ahead from global memory.
           const int64_t srow = t.row0 + 64 * cw + 16 * (wtid / 32) + (wtid % 32) / 4;
@@ -1151,8 +1191,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         prev_zeroed = zeroed;
         if (++stage == kStages) stage = 0, phase ^= 1;
       }
+      if constexpr (Cfg::kPingpong) {
+        mbar_arrive(&order[cw ^ 1]);  // every k-block of this pass is issued: the other's turn
+        ++units;
+      }
       wgmma_wait<0>();
       if (prev >= 0) release(prev, prev_zeroed);
+      if constexpr (Cfg::kPingpong) {
+        if (cw == 0) skip(t.k_blocks);
+      }
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) fence_operand(acc[i]);
       if constexpr (kEw) {

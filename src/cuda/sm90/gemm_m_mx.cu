@@ -18,6 +18,9 @@ using AStoreKMNNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m,
 using AGluFwd = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::glu_forward, kPair, Mx::a>;
 using AGluBwd = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair, Mx::a>;
 using AGluBwdNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair, Mx::a>;
+// The same with pingpong consumers (MXMOE_SM90_MX_GLU_BWD=pp, comparison runs; no db1).
+using AGluBwdPP = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair, Mx::a, true>;
+using AGluBwdNarrowPP = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair, Mx::a, true>;
 // FP8 A, FC2 dgrad with epilogue warps (warps 1-3 of the producer warp group), A scales from L2.
 using AGluBwdEw = KernelConfig<kMxEwN, Major::k, Major::mn, Grouping::m, Epi::glu_backward_ew, kPair, Mx::a>;
 using AGluBwdEwNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::glu_backward_ew, kPair, Mx::a>;
@@ -46,7 +49,13 @@ void launch_gemm_m_mx(const detail::MGemmStep& s, const MPlan& plan, int bn, cud
     case detail::Epilogue::glu_forward:
       launch<AGluFwd>(plan.params, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
       break;
-    case detail::Epilogue::glu_backward: launch_width<AGluBwd, AGluBwdNarrow>(plan, wide, stream); break;
+    case detail::Epilogue::glu_backward:
+      // Pingpong where asked and no db1 is summed (its column sums cross the two warp groups).
+      if (env_is("MXMOE_SM90_MX_GLU_BWD", "pp") && plan.params.ws_db1 == nullptr)
+        launch_width<AGluBwdPP, AGluBwdNarrowPP>(plan, wide, stream);
+      else
+        launch_width<AGluBwd, AGluBwdNarrow>(plan, wide, stream);
+      break;
     case detail::Epilogue::store:
       if (s.gemm.b_kn) launch_width<AStoreKMN, AStoreKMNNarrow>(plan, wide, stream);
       else launch_width<AStoreKK, AStoreKKNarrow>(plan, wide, stream);

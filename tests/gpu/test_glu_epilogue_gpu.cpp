@@ -440,6 +440,29 @@ TEST_P(GpuGluBackward, Mxfp8TileVariantsMatchCpu) {
 #endif
 }
 
+// cuda_sm90's pingpong consumers for the MXFP8 GLU forward (MXMOE_SM90_MX_GLU_FWD=pp, session 17):
+// the MXFP8 cases of the tests above (tiles whose upper half lies past the group's end, empty and
+// one-row groups, K of 45 k-blocks, both layouts and scale layouts, saved C and MXFP8 A), and the
+// quantized A against the quantization of the kernel's own bf16 A.
+TEST_P(GpuGluForward, Mxfp8PingpongMatchesCpu) {
+#if defined(MXMOE_WITH_CUDA)
+  const Switch pp("MXMOE_SM90_MX_GLU_FWD", "pp");
+  for (GluLayout layout : {GluLayout::halves, GluLayout::interleave32}) {
+    SCOPED_TRACE(testing::Message() << "layout=" << static_cast<int>(layout));
+    expect_glu_forward_ok(backend(), GluCase{.h = 512, .f = 96, .mx = true, .mx_out = true,
+                                             .act = Activation::clamped_swiglu, .layout = layout});
+    expect_glu_forward_ok(backend(), GluCase{.sizes = {37, 0, 161}, .h = 2880, .f = 1408, .mx = true, .mx_out = true,
+                                             .act = Activation::clamped_swiglu, .layout = layout,
+                                             .scale_layout = ScaleLayout::swizzled});
+    expect_glu_forward_ok(backend(), GluCase{.sizes = {0, 0, 300, 0, 1}, .h = 128, .f = 160, .mx = true,
+                                             .mx_out = true, .layout = layout, .scale_layout = ScaleLayout::swizzled});
+    expect_glu_forward_quantized_exact(backend(), GluCase{.sizes = {37, 0, 161, 300, 1}, .h = 192, .f = 416,
+                                                          .act = Activation::clamped_swiglu, .layout = layout});
+  }
+  expect_glu_forward_ok(backend(), GluCase{.sizes = {0, 0}, .mx = true, .mx_out = true});
+#endif
+}
+
 // cuda_sm90's pingpong consumers for the MXFP8 GLU backward (MXMOE_SM90_MX_GLU_BWD=pp, session 17),
 // 128- and 256-wide: taken where no db1 is asked for. Tiles whose upper 64-row half lies past the
 // group's end (41, 37 and 161 rows), empty groups, a one-row group, several n-tiles with a partial

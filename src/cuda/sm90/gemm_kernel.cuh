@@ -99,7 +99,8 @@ enum class Mx : uint8_t { none, a, ab, blk, blk_staged };
 // bytes, loaded again); each stage is read and released by one warp group; an order barrier per
 // warp group makes their mainloops alternate, so a warp group waits on a full barrier only once the
 // other has issued its last k-block (within one phase: the parity waits cannot alias). MXFP8 A
-// (Mx::a) with the in-line GLU backward and no db1 (its column sums cross the two warp groups).
+// (Mx::a) with the in-line GLU backward and no db1 (its column sums cross the two warp groups), or
+// with the GLU forward (MXMOE_SM90_MX_GLU_FWD=pp).
 template <int BN_, Major AMajor_, Major BMajor_, Grouping G_, Epi E_, int Cluster_ = 1, Mx Mx_ = Mx::none,
           bool PP_ = false>
 struct KernelConfig {
@@ -120,8 +121,8 @@ struct KernelConfig {
   static constexpr bool kThreadRelease = kMx || kBlkStaged;
   static constexpr bool kPingpong = PP_;
   static constexpr int kUnitHalves = PP_ ? 2 : 1;  // ring passes per tile
-  static_assert(!PP_ || (Mx_ == Mx::a && E_ == Epi::glu_backward && G_ == Grouping::m),
-                "pingpong: the MXFP8-A GLU backward (FC2 dgrad) only");
+  static_assert(!PP_ || (Mx_ == Mx::a && (E_ == Epi::glu_backward || E_ == Epi::glu_forward) && G_ == Grouping::m),
+                "pingpong: the MXFP8-A GLU steps (FC1 fprop, FC2 dgrad) only");
   static_assert(!kBlk || (AMajor_ == Major::k && BMajor_ == Major::k && BN_ == 128 &&
                           (G_ == Grouping::m ? E_ != Epi::wgrad && E_ != Epi::glu_backward_ew : E_ == Epi::wgrad)),
                 "FP8 blockwise: K-major A and B (dgrad: B transposed first; wgrad: both token-block operands "

@@ -16,6 +16,8 @@ using AStoreKMN = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::st
 using AStoreKKNarrow = KernelConfig<kNarrowN, Major::k, Major::k, Grouping::m, Epi::store, kPair, Mx::a>;
 using AStoreKMNNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::store, kPair, Mx::a>;
 using AGluFwd = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::glu_forward, kPair, Mx::a>;
+// With pingpong consumers (MXMOE_SM90_MX_GLU_FWD=pp, comparison runs).
+using AGluFwdPP = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::glu_forward, kPair, Mx::a, true>;
 using AGluBwd = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair, Mx::a>;
 using AGluBwdNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair, Mx::a>;
 // The same with pingpong consumers (MXMOE_SM90_MX_GLU_BWD=pp, comparison runs; no db1).
@@ -47,7 +49,10 @@ void launch_gemm_m_mx(const detail::MGemmStep& s, const MPlan& plan, int bn, cud
   }
   switch (s.epilogue) {
     case detail::Epilogue::glu_forward:
-      launch<AGluFwd>(plan.params, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+      if (env_is("MXMOE_SM90_MX_GLU_FWD", "pp"))
+        launch<AGluFwdPP>(plan.params, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+      else
+        launch<AGluFwd>(plan.params, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
       break;
     case detail::Epilogue::glu_backward:
       // Pingpong where asked and no db1 is summed (its column sums cross the two warp groups).

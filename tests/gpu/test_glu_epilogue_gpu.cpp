@@ -420,7 +420,8 @@ struct Switch {
 
 TEST_P(GpuGluBackward, Mxfp8TileVariantsMatchCpu) {
 #if defined(MXMOE_WITH_CUDA)
-  // (pp: pingpong consumers where no db1 is asked for, here the second case; the others fall back)
+  // (pp: every case here asks for db1, so the switch must leave them on the cooperative kernel;
+  // Mxfp8PingpongMatchesCpu below runs the pingpong kernel itself)
   for (auto [name, value] : {std::pair{"MXMOE_SM90_MX_GLU_BWD_N", "128"}, std::pair{"MXMOE_SM90_MX_GLU_BWD_N", "256"},
                              std::pair{"MXMOE_SM90_MX_GLU_BWD", "ew"}, std::pair{"MXMOE_SM90_MX_GLU_BWD", "ew128"},
                              std::pair{"MXMOE_SM90_MX_GLU_BWD", "pp"}}) {

@@ -175,34 +175,35 @@ for s in $steps; do
         summary "glu bwd ew $tool" "rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/glu_ew_$tool.log" | tail -1)"
       done ;;
     pingpong)
-      # The MXFP8 GLU steps with pingpong consumers (session 17, not yet run when written): FC2 dgrad
-      # (MXMOE_SM90_MX_GLU_BWD=pp, taken where no db1 is asked for, so the bench's problems, which
-      # have no bias, take it) and FC1 fprop (MXMOE_SM90_MX_GLU_FWD=pp). Their GPU tests first under
-      # a timeout (a barrier mistake hangs), then synccheck, racecheck and memcheck on them, the GLU
-      # and layer GPU tests with both switches on, and `mxmoe bench --recipe mxfp8` (PP_ARGS) off / on
-      # twice, interleaved -> $OUT/pp_before_after.md.
-      ppf='*Mxfp8Pingpong*/cuda_sm90'
-      timeout 150 $B/tests/mxmoe_gpu_tests --gtest_filter="$ppf" >"$OUT/pp_test.log" 2>&1
+      # The GLU steps with pingpong consumers (session 17, not yet run when written): MXFP8 FC2 dgrad
+      # (MXMOE_SM90_MX_GLU_BWD=pp) and FC1 fprop (MXMOE_SM90_MX_GLU_FWD=pp), BF16 FC2 dgrad
+      # (MXMOE_SM90_FC2_DGRAD=pp) and FC1 fprop (MXMOE_SM90_FC1_FPROP=pp); the FC2 dgrads only where no
+      # db1 is asked for, so the bench's problems, which have no bias, take them. Their GPU tests
+      # first under a timeout (a barrier mistake hangs), then synccheck, racecheck and memcheck on
+      # them, the GLU and layer GPU tests with every switch on, and `mxmoe bench` (PP_ARGS, default
+      # every preset but small, both recipes) off / on twice, interleaved -> $OUT/pp_before_after.md.
+      ppf='*Pingpong*/cuda_sm90'
+      ppenv=(MXMOE_SM90_MX_GLU_BWD=pp MXMOE_SM90_MX_GLU_FWD=pp MXMOE_SM90_FC2_DGRAD=pp MXMOE_SM90_FC1_FPROP=pp)
+      timeout 180 $B/tests/mxmoe_gpu_tests --gtest_filter="$ppf" >"$OUT/pp_test.log" 2>&1
       rc=$?; summary "pingpong tests" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/pp_test.log" | tr '\n' ' ')"
       grep -E '^\[  FAILED  \]|Failure' "$OUT/pp_test.log" | head -8
       if [ $rc -eq 0 ]; then
         for tool in synccheck racecheck memcheck; do
-          timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/mxmoe_gpu_tests \
+          timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/mxmoe_gpu_tests \
             --gtest_filter="$ppf" >"$OUT/pp_$tool.log" 2>&1
           summary "pingpong $tool" "rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/pp_$tool.log" | tail -1)"
         done
-        MXMOE_SM90_MX_GLU_BWD=pp MXMOE_SM90_MX_GLU_FWD=pp timeout 150 $B/tests/mxmoe_gpu_tests \
-          --gtest_filter='*GpuGlu*:*GpuLayer*' >"$OUT/pp_glu_layer.log" 2>&1
+        env "${ppenv[@]}" timeout 150 $B/tests/mxmoe_gpu_tests --gtest_filter='*GpuGlu*:*GpuLayer*' \
+          >"$OUT/pp_glu_layer.log" 2>&1
         summary "pingpong glu+layer tests" "rc=$? $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/pp_glu_layer.log" | tr '\n' ' ')"
         for pass in 1 2; do
-          timeout 120 $B/mxmoe bench --recipe mxfp8 ${PP_ARGS:-} --json "$OUT/pp_off.json" >"$OUT/pp_off.log" 2>&1; rc_off=$?
-          MXMOE_SM90_MX_GLU_BWD=pp MXMOE_SM90_MX_GLU_FWD=pp timeout 120 $B/mxmoe bench --recipe mxfp8 ${PP_ARGS:-} \
-            --json "$OUT/pp_on.json" >"$OUT/pp_on.log" 2>&1
+          timeout 120 $B/mxmoe bench ${PP_ARGS:-} --json "$OUT/pp_off.json" >"$OUT/pp_off.log" 2>&1; rc_off=$?
+          env "${ppenv[@]}" timeout 120 $B/mxmoe bench ${PP_ARGS:-} --json "$OUT/pp_on.json" >"$OUT/pp_on.log" 2>&1
           summary "pingpong bench pass $pass" "off rc=$rc_off, on rc=$?"
         done
         python3 bench/compare_bench.py "$OUT/pp_off.json" "$OUT/pp_on.json" --labels "coop" "pingpong" \
           --out "$OUT/pp_before_after.md" >/dev/null 2>&1
-        grep -E 'fc1_fprop|fc2_dgrad|layer_fwd_bwd' "$OUT/pp_before_after.md" | head -32
+        grep -E 'fc1_fprop|fc2_dgrad|layer_fwd_bwd' "$OUT/pp_before_after.md" | head -48
       fi ;;
     pool)
       # The library memory pool (session 16, not yet run when written): GpuMemoryPool and the layer

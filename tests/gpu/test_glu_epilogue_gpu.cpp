@@ -497,6 +497,40 @@ TEST_P(GpuGluBackward, Mxfp8PingpongMatchesCpu) {
 #endif
 }
 
+// The BF16 GLU steps with pingpong consumers (MXMOE_SM90_FC1_FPROP=pp, MXMOE_SM90_FC2_DGRAD=pp, session
+// 17; FC2 dgrad: where no db1 is asked for, and never on the epilogue warps): forward and backward on
+// tiles whose upper half lies past the group's end, empty and one-row groups, several n-tiles with a
+// partial last one, 128- and 256-wide FC2 dgrad tiles (F <= 128 and above), a K of many k-blocks.
+TEST_P(GpuGluForward, Bf16PingpongMatchesCpu) {
+#if defined(MXMOE_WITH_CUDA)
+  const Switch pp("MXMOE_SM90_FC1_FPROP", "pp");
+  for (GluLayout layout : {GluLayout::halves, GluLayout::interleave32}) {
+    SCOPED_TRACE(testing::Message() << "layout=" << static_cast<int>(layout));
+    expect_glu_forward_ok(backend(), GluCase{.sizes = {37, 0, 161, 300, 1}, .h = 2048, .f = 416,
+                                             .act = Activation::clamped_swiglu, .layout = layout});
+    expect_glu_forward_ok(backend(), GluCase{.h = 512, .f = 96, .layout = layout});
+  }
+  expect_glu_forward_ok(backend(), GluCase{.sizes = {0, 0}});
+#endif
+}
+
+TEST_P(GpuGluBackward, Bf16PingpongMatchesCpu) {
+#if defined(MXMOE_WITH_CUDA)
+  const Switch pp("MXMOE_SM90_FC2_DGRAD", "pp");
+  const BwdOptions no_db1{.with_db1 = false};
+  expect_glu_backward_ok(backend(),
+                         GluCase{.sizes = {41, 0, 129, 300}, .h = 320, .f = 1440, .b_kn = true,
+                                 .act = Activation::clamped_swiglu, .layout = GluLayout::interleave32},
+                         no_db1);
+  expect_glu_backward_ok(backend(), GluCase{.sizes = {600, 0, 1300, 64, 0, 700}, .h = 2048, .f = 768, .b_kn = true},
+                         no_db1);
+  expect_glu_backward_ok(backend(), GluCase{.sizes = {37, 0, 161, 1}, .h = 192, .f = 96, .b_kn = true}, no_db1);
+  expect_glu_backward_ok(backend(), GluCase{.sizes = {0, 0, 0}, .b_kn = true}, no_db1);
+  expect_glu_backward_ok(backend(), GluCase{.sizes = {41, 0, 129, 300}, .h = 320, .f = 1440, .b_kn = true},
+                         BwdOptions{.db1 = DType::f32, .accumulate = true});  // db1: the cooperative kernel
+#endif
+}
+
 TEST_P(GpuGluBackward, Db1GradOutRulesDprobAddAndOddDims) {
 #if defined(MXMOE_WITH_CUDA)
   const GluCase base{.h = 160, .f = 64, .mx = true, .mx_out = true, .b_kn = true};

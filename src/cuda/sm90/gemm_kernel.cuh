@@ -99,8 +99,9 @@ enum class Mx : uint8_t { none, a, ab, blk, blk_staged };
 // bytes, loaded again); each stage is read and released by one warp group; an order barrier per
 // warp group makes their mainloops alternate, so a warp group waits on a full barrier only once the
 // other has issued its last k-block (within one phase: the parity waits cannot alias). MXFP8 A
-// (Mx::a) with the in-line GLU backward and no db1 (its column sums cross the two warp groups), or
-// with the GLU forward (MXMOE_SM90_MX_GLU_FWD=pp).
+// (Mx::a) or BF16, with the in-line GLU backward and no db1 (its column sums cross the two warp
+// groups), or with the GLU forward (MXMOE_SM90_MX_GLU_FWD=pp; BF16: MXMOE_SM90_FC2_DGRAD=pp,
+// MXMOE_SM90_FC1_FPROP=pp).
 template <int BN_, Major AMajor_, Major BMajor_, Grouping G_, Epi E_, int Cluster_ = 1, Mx Mx_ = Mx::none,
           bool PP_ = false>
 struct KernelConfig {
@@ -121,8 +122,9 @@ struct KernelConfig {
   static constexpr bool kThreadRelease = kMx || kBlkStaged;
   static constexpr bool kPingpong = PP_;
   static constexpr int kUnitHalves = PP_ ? 2 : 1;  // ring passes per tile
-  static_assert(!PP_ || (Mx_ == Mx::a && (E_ == Epi::glu_backward || E_ == Epi::glu_forward) && G_ == Grouping::m),
-                "pingpong: the MXFP8-A GLU steps (FC1 fprop, FC2 dgrad) only");
+  static_assert(!PP_ || ((Mx_ == Mx::a || Mx_ == Mx::none) && (E_ == Epi::glu_backward || E_ == Epi::glu_forward) &&
+                          G_ == Grouping::m),
+                "pingpong: the BF16 and MXFP8-A GLU steps (FC1 fprop, FC2 dgrad) only");
   static_assert(!kBlk || (AMajor_ == Major::k && BMajor_ == Major::k && BN_ == 128 &&
                           (G_ == Grouping::m ? E_ != Epi::wgrad && E_ != Epi::glu_backward_ew : E_ == Epi::wgrad)),
                 "FP8 blockwise: K-major A and B (dgrad: B transposed first; wgrad: both token-block operands "
@@ -816,7 +818,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       // racecheck sees it) and one per consumer warp of the peer.
       // Pingpong: one consumer warp group reads each stage (128 threads, 4 warps of the peer).
       constexpr int kReaders = Cfg::kPingpong ? 128 : kConsumerThreads;
-      mbar_init(&empty[s], Cfg::kThreadRelease ? kReaders + kReaders / 32 * (kCluster - 1) : 2 * kCluster);
+      mbar_init(&empty[s], Cfg::kThreadRelease ? kReaders + kReaders / 32 * (kCluster - 1)
+                                               : (Cfg::kPingpong ? 1 : 2) * kCluster);
     }
     if constexpr (Cfg::kPingpong) {
       // Every thread of the other warp group arrives once it has issued its mainloop's last k-block.
@@ -1163,7 +1166,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kb = 0; kb < t.k_blocks; ++kb) {
         mbar_wait(&full[stage], phase);
         zeroed = false;
-        if (t.live) {
+        if (mine) {
           if constexpr (Cfg::kGrouping == Grouping::k) {
             const int64_t valid = t.k_end - (t.k0 + static_cast<int64_t>(kb) * kBlockK);
             if (valid < kBlockK) {

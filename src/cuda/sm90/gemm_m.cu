@@ -35,6 +35,11 @@ using StoreKMNNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, 
 using GluFwd = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::glu_forward, kPair>;
 using GluBwd = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair>;
 using GluBwdNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair>;
+// Pingpong consumers (gemm_kernel.cuh PP_; session 17, comparison runs, not yet measured):
+// MXMOE_SM90_FC1_FPROP=pp, MXMOE_SM90_FC2_DGRAD=pp (where no db1 is summed).
+using GluFwdPP = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::glu_forward, kPair, Mx::none, true>;
+using GluBwdPP = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair, Mx::none, true>;
+using GluBwdNarrowPP = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair, Mx::none, true>;
 // FC2 dgrad with the epilogue on warps 1-3 of the producer warp group (epilogue.cuh "Epilogue
 // warps"); when it is taken: epilogue_warps_take.
 constexpr int kEwN = 192;
@@ -331,13 +336,14 @@ bool env_is(const char* name, const char* value) {
 }
 
 namespace {
-// MXMOE_SM90_FC2_DGRAD: "ew" takes the epilogue warps wherever they can run, "glu" never; unset,
-// the measured rule below.
+// MXMOE_SM90_FC2_DGRAD: "ew" takes the epilogue warps wherever they can run, "glu" never, "pp" never
+// and pingpong consumers where no db1 is summed; unset, the measured rule below.
 enum class EwChoice { measured, always, never };
 EwChoice fc2_dgrad_choice() {
-  static const EwChoice v = env_is("MXMOE_SM90_FC2_DGRAD", "ew")    ? EwChoice::always
-                            : env_is("MXMOE_SM90_FC2_DGRAD", "glu") ? EwChoice::never
-                                                                    : EwChoice::measured;
+  static const EwChoice v = env_is("MXMOE_SM90_FC2_DGRAD", "ew") ? EwChoice::always
+                            : env_is("MXMOE_SM90_FC2_DGRAD", "glu") || env_is("MXMOE_SM90_FC2_DGRAD", "pp")
+                                ? EwChoice::never
+                                : EwChoice::measured;
   return v;
 }
 // The epilogue warps load the saved C and store dC in 16-byte pieces of rows. Their tile is
@@ -399,10 +405,19 @@ void run_gemm_m(const detail::MGemmStep& s, cudaStream_t stream, const MxOut& mx
     launch_gemm_m_mx(s, plan, bn, stream);
   } else {
     switch (s.epilogue) {
-      case detail::Epilogue::glu_forward: launch<GluFwd>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream); break;
+      case detail::Epilogue::glu_forward:
+        if (env_is("MXMOE_SM90_FC1_FPROP", "pp")) launch<GluFwdPP>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+        else launch<GluFwd>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+        break;
       case detail::Epilogue::glu_backward:
-        if (wide) launch<GluBwd>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
-        else launch<GluBwdNarrow>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+        if (env_is("MXMOE_SM90_FC2_DGRAD", "pp") && p.ws_db1 == nullptr) {
+          if (wide) launch<GluBwdPP>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+          else launch<GluBwdNarrowPP>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+        } else if (wide) {
+          launch<GluBwd>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+        } else {
+          launch<GluBwdNarrow>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+        }
         break;
       case detail::Epilogue::store:
         if (s.gemm.b_kn) {

@@ -3,7 +3,7 @@
 # label included), compute-sanitizer memcheck and racecheck over the kernel tests, the main job on
 # its GPU default (dsv3), the benchmark and the torch peer beside it. Logs go to $OUT (or ./out).
 # GoogleTest is not installed there: carry a copy in .deps/gtest (see docs/gpu_machine.md).
-#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench|moe|fp8|fp8ncu|profile|repeat|hang|mxweights|glubwd|pingpong|pool|dequant|ep]...   (default: all but kernels, ncu, moe, fp8, fp8ncu, profile, repeat, hang, mxweights, glubwd, pingpong, pool, dequant, ep)
+#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench|moe|fp8|fp8ncu|profile|repeat|hang|mxweights|glubwd|pingpong|ppsan|pool|dequant|ep]...   (default: all but kernels, ncu, moe, fp8, fp8ncu, profile, repeat, hang, mxweights, glubwd, pingpong, ppsan, pool, dequant, ep)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-out}")
@@ -179,20 +179,16 @@ for s in $steps; do
       # (MXMOE_SM90_MX_GLU_BWD=pp) and FC1 fprop (MXMOE_SM90_MX_GLU_FWD=pp), BF16 FC2 dgrad
       # (MXMOE_SM90_FC2_DGRAD=pp) and FC1 fprop (MXMOE_SM90_FC1_FPROP=pp); the FC2 dgrads only where no
       # db1 is asked for, so the bench's problems, which have no bias, take them. Their GPU tests
-      # first under a timeout (a barrier mistake hangs), then synccheck, racecheck and memcheck on
-      # them, the GLU and layer GPU tests with every switch on, and `mxmoe bench` (PP_ARGS, default
-      # every preset but small, both recipes) off / on twice, interleaved -> $OUT/pp_before_after.md.
+      # first under a timeout (a barrier mistake hangs), then the GLU and layer GPU tests with every
+      # switch on, and `mxmoe bench` (PP_ARGS, default every preset but small, both recipes) off / on
+      # twice, interleaved -> $OUT/pp_before_after.md. The sanitizers are the step ppsan (a call of
+      # their own: under them the tests take minutes).
       ppf='*Pingpong*/cuda_sm90'
       ppenv=(MXMOE_SM90_MX_GLU_BWD=pp MXMOE_SM90_MX_GLU_FWD=pp MXMOE_SM90_FC2_DGRAD=pp MXMOE_SM90_FC1_FPROP=pp)
       timeout 180 $B/tests/mxmoe_gpu_tests --gtest_filter="$ppf" >"$OUT/pp_test.log" 2>&1
       rc=$?; summary "pingpong tests" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/pp_test.log" | tr '\n' ' ')"
       grep -E '^\[  FAILED  \]|Failure' "$OUT/pp_test.log" | head -8
       if [ $rc -eq 0 ]; then
-        for tool in synccheck racecheck memcheck; do
-          timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/mxmoe_gpu_tests \
-            --gtest_filter="$ppf" >"$OUT/pp_$tool.log" 2>&1
-          summary "pingpong $tool" "rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/pp_$tool.log" | tail -1)"
-        done
         env "${ppenv[@]}" timeout 150 $B/tests/mxmoe_gpu_tests --gtest_filter='*GpuGlu*:*GpuLayer*' \
           >"$OUT/pp_glu_layer.log" 2>&1
         summary "pingpong glu+layer tests" "rc=$? $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/pp_glu_layer.log" | tr '\n' ' ')"
@@ -205,6 +201,13 @@ for s in $steps; do
           --out "$OUT/pp_before_after.md" >/dev/null 2>&1
         grep -E 'fc1_fprop|fc2_dgrad|layer_fwd_bwd' "$OUT/pp_before_after.md" | head -48
       fi ;;
+    ppsan)
+      # synccheck, racecheck and memcheck over the pingpong GPU tests (PPSAN_TIMEOUT each, default 170 s).
+      for tool in synccheck racecheck memcheck; do
+        timeout ${PPSAN_TIMEOUT:-170} compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/mxmoe_gpu_tests \
+          --gtest_filter='*Pingpong*/cuda_sm90' >"$OUT/pp_$tool.log" 2>&1
+        summary "pingpong $tool" "rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/pp_$tool.log" | tail -1)"
+      done ;;
     pool)
       # The library memory pool (session 16, not yet run when written): GpuMemoryPool and the layer
       # and graph GPU tests on it, then `mxmoe bench` (POOL_ARGS, default every preset, both recipes)

@@ -57,8 +57,9 @@ cudaMemPool_t make_pool(int device) {
   return pool;
 }
 
-// The library pool of `device`, made on first use unless `stream` is being captured.
-cudaMemPool_t library_pool(int device, cudaStream_t stream) {
+// The library pool of `device`, made on first use (pool_malloc_async never asks while its stream is
+// being captured; make_pool relaxes this thread's capture mode for other threads' captures).
+cudaMemPool_t library_pool(int device) {
   Pools& p = pools();
   std::lock_guard<std::mutex> lock(p.mu);
   if (device < 0) return nullptr;
@@ -68,12 +69,6 @@ cudaMemPool_t library_pool(int device, cudaStream_t stream) {
     p.failed.resize(d + 1, false);
   }
   if (p.pool[d] == nullptr && !p.failed[d]) {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return nullptr;
-    }
-    if (status != cudaStreamCaptureStatusNone) return nullptr;
     p.pool[d] = make_pool(device);
     p.failed[d] = p.pool[d] == nullptr;
   }
@@ -94,12 +89,12 @@ cudaError_t pool_malloc_async(void** ptr, size_t bytes, cudaStream_t stream, int
     const cudaError_t d = cudaStreamGetDevice(stream, &device);
     if (d != cudaSuccess) return d;
   }
-  const cudaMemPool_t pool = library_pool(device, stream);
+  const cudaMemPool_t pool = library_pool(device);
   return pool != nullptr ? cudaMallocFromPoolAsync(ptr, bytes, pool, stream) : cudaMallocAsync(ptr, bytes, stream);
 }
 
 uint64_t pool_used_high(int device, bool reset) {
-  cudaMemPool_t pool = library_pool(device, nullptr);
+  cudaMemPool_t pool = library_pool(device);
   if (pool == nullptr && cudaDeviceGetDefaultMemPool(&pool, device) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
@@ -114,7 +109,7 @@ uint64_t pool_used_high(int device, bool reset) {
 }
 
 uint64_t pool_reserved(int device) {
-  const cudaMemPool_t pool = library_pool(device, nullptr);
+  const cudaMemPool_t pool = library_pool(device);
   uint64_t bytes = 0;
   if (pool != nullptr) cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &bytes);
   return bytes;

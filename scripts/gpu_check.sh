@@ -296,12 +296,29 @@ for s in $steps; do
       # too. HANG_ARGS (default '--preset gptoss-120b --recipe bf16') HANG_COUNT times (default 12),
       # 60 s each: how many stop, and the row after which each stopped. Then compute-sanitizer
       # synccheck and racecheck over the BF16 GLU-backward GPU tests with the epilogue warps forced.
+      # Session 18: the first run that passes HANG_LIMIT seconds (default 45) is diagnosed while it
+      # hangs: its threads' kernel wait channels, gdb's host stacks and cuda-gdb's kernels and warps
+      # (attached, where the tools exist) -> $OUT/hang_diag.txt; then it is killed and the loop stops.
       hung=0
       for i in $(seq 1 ${HANG_COUNT:-12}); do
-        timeout 60 $B/mxmoe bench ${HANG_ARGS:---preset gptoss-120b --recipe bf16} >"$B/hang_$i.log" 2>&1; rc=$?
-        if [ $rc -ne 0 ]; then
-          hung=$((hung + 1)); echo "run $i rc=$rc, last row: $(tail -1 "$B/hang_$i.log")" | tee -a "$OUT/hang.txt"
+        MXMOE_BENCH_TRACE=1 $B/mxmoe bench ${HANG_ARGS:---preset gptoss-120b --recipe bf16} >"$B/hang_$i.log" 2>&1 &
+        pid=$!; t0=$SECONDS
+        while kill -0 $pid 2>/dev/null && [ $((SECONDS - t0)) -lt ${HANG_LIMIT:-45} ]; do sleep 1; done
+        if kill -0 $pid 2>/dev/null; then
+          hung=$((hung + 1))
+          { echo "run $i still running after ${HANG_LIMIT:-45} s; last lines:"; tail -4 "$B/hang_$i.log"
+            for t in /proc/$pid/task/*; do echo "$t $(cat $t/comm) $(cat $t/wchan 2>/dev/null) $(awk '{print $3}' $t/stat)"; done
+            nvidia-smi --query-gpu=utilization.gpu,memory.used,power.draw --format=csv 2>&1
+            command -v gdb >/dev/null && timeout 60 gdb -p $pid -batch -ex 'thread apply all bt 12' 2>&1 | grep -E '^#|^Thread' | head -80
+            cg=$(command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null)
+            [ -n "$cg" ] && timeout 120 $cg -p $pid -batch -ex 'info cuda kernels' -ex 'info cuda blocks' \
+              -ex 'info cuda warps' -ex 'bt' 2>&1 | tail -120
+          } >"$OUT/hang_diag.txt" 2>&1
+          kill -9 $pid; wait $pid 2>/dev/null
+          cp "$B/hang_$i.log" "$OUT/hang_run.log"; head -20 "$OUT/hang_diag.txt"
+          break
         fi
+        wait $pid; echo "run $i rc=$? $((SECONDS - t0)) s" >>"$OUT/hang.txt"
       done
       summary "hang x${HANG_COUNT:-12}" "stopped $hung"
       for tool in synccheck racecheck; do

@@ -81,23 +81,45 @@ struct SplitRecord {
   std::vector<int64_t> sizes;
 };
 
+// MXMOE_BENCH_TRACE=1: each run of the next op is marked on stderr as it is issued and once it has
+// finished (w: warm-up, i: timed), so a run that never finishes shows which one it was (scripts/gpu_check.sh hang).
+bool bench_trace() {
+  static const bool on = [] {
+    const char* v = std::getenv("MXMOE_BENCH_TRACE");
+    return v != nullptr && *v != '\0' && *v != '0';
+  }();
+  return on;
+}
+
 double median_ms(const std::function<void()>& f, cudaStream_t s) {
-  for (int i = 0; i < kWarmup; ++i) f();
+  const bool trace = bench_trace();
+  if (trace) std::fprintf(stderr, "  ..");
+  for (int i = 0; i < kWarmup; ++i) {
+    if (trace) std::fprintf(stderr, " w%d", i);
+    f();
+    if (trace) {
+      ok(cudaStreamSynchronize(s), "sync");
+      std::fprintf(stderr, "+");
+    }
+  }
   std::vector<float> t;
   cudaEvent_t a, b;
   ok(cudaEventCreate(&a), "event");
   ok(cudaEventCreate(&b), "event");
   for (int i = 0; i < kIters; ++i) {
+    if (trace) std::fprintf(stderr, " i%d", i);
     ok(cudaEventRecord(a, s), "record");
     f();
     ok(cudaEventRecord(b, s), "record");
     ok(cudaEventSynchronize(b), "sync");
+    if (trace) std::fprintf(stderr, "+");
     float ms = 0;
     ok(cudaEventElapsedTime(&ms, a, b), "elapsed");
     t.push_back(ms);
   }
   cudaEventDestroy(a);
   cudaEventDestroy(b);
+  if (trace) std::fprintf(stderr, "\n");
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }

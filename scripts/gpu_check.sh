@@ -187,7 +187,7 @@ for s in $steps; do
       # their own: under them the tests take minutes).
       ppf='*Pingpong*/cuda_sm90'
       ppenv=(MXMOE_SM90_MX_GLU_BWD=pp MXMOE_SM90_MX_GLU_FWD=pp MXMOE_SM90_FC2_DGRAD=pp MXMOE_SM90_FC1_FPROP=pp)
-      timeout 180 $B/tests/mxmoe_gpu_tests --gtest_filter="$ppf" >"$OUT/pp_test.log" 2>&1
+      timeout 90 $B/tests/mxmoe_gpu_tests --gtest_filter="$ppf" >"$OUT/pp_test.log" 2>&1
       rc=$?; summary "pingpong tests" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/pp_test.log" | tr '\n' ' ')"
       grep -E '^\[  FAILED  \]|Failure' "$OUT/pp_test.log" | head -8
       if [ $rc -eq 0 ]; then

@@ -301,7 +301,7 @@ for s in $steps; do
       # (attached, where the tools exist) -> $OUT/hang_diag.txt; then it is killed and the loop stops.
       hung=0
       for i in $(seq 1 ${HANG_COUNT:-12}); do
-        MXMOE_BENCH_TRACE=1 $B/mxmoe bench ${HANG_ARGS:---preset gptoss-120b --recipe bf16} >"$B/hang_$i.log" 2>&1 &
+        env MXMOE_BENCH_TRACE=1 ${HANG_ENV:-} $B/mxmoe bench ${HANG_ARGS:---preset gptoss-120b --recipe bf16} >"$B/hang_$i.log" 2>&1 &
         pid=$!; t0=$SECONDS
         while kill -0 $pid 2>/dev/null && [ $((SECONDS - t0)) -lt ${HANG_LIMIT:-45} ]; do sleep 1; done
         if kill -0 $pid 2>/dev/null; then
@@ -311,8 +311,22 @@ for s in $steps; do
             nvidia-smi --query-gpu=utilization.gpu,memory.used,power.draw --format=csv 2>&1
             command -v gdb >/dev/null && timeout 60 gdb -p $pid -batch -ex 'thread apply all bt 12' 2>&1 | grep -E '^#|^Thread' | head -80
             cg=$(command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null)
-            [ -n "$cg" ] && timeout 120 $cg -p $pid -batch -ex 'info cuda kernels' -ex 'info cuda blocks' \
-              -ex 'info cuda warps' -ex 'bt' 2>&1 | tail -120
+            if [ -n "$cg" ]; then
+              timeout 100 $cg -p $pid -batch -ex 'info cuda kernels' -ex 'info cuda blocks' -ex 'info cuda warps' \
+                -ex 'bt' >"$B/cg1.txt" 2>&1; tail -60 "$B/cg1.txt"
+              # Then where each role of each running block waits (source line of the inlined wait):
+              # threads 0 (producer), 1, 32 and 96 (epilogue warps / loaders), 128 and 256 (the consumer
+              # warp groups), 383.
+              cmds=()
+              for blk in $(awk '/^ *\(/ && /running/ {gsub(/[(),]/," "); print $1"-"$4}' "$B/cg1.txt"); do
+                b0=${blk%-*}; b1=${blk#*-}
+                for b in $(seq $b0 $b1); do
+                  cmds+=(-ex "cuda block $b" -ex 'info cuda warps')
+                  for t in 0 1 32 96 128 200 256 383; do cmds+=(-ex "cuda block $b thread $t" -ex 'bt 1'); done
+                done
+              done
+              [ ${#cmds[@]} -gt 0 ] && timeout 150 $cg -p $pid -batch "${cmds[@]}" 2>&1 | grep -vE '^\[New|^\[Thread|libthread_db' | tail -200
+            fi
           } >"$OUT/hang_diag.txt" 2>&1
           kill -9 $pid; wait $pid 2>/dev/null
           cp "$B/hang_$i.log" "$OUT/hang_run.log"; head -20 "$OUT/hang_diag.txt"
@@ -321,7 +335,7 @@ for s in $steps; do
         wait $pid; echo "run $i rc=$? $((SECONDS - t0)) s" >>"$OUT/hang.txt"
       done
       summary "hang x${HANG_COUNT:-12}" "stopped $hung"
-      for tool in synccheck racecheck; do
+      [ "${HANG_SAN:-1}" = 1 ] && for tool in synccheck racecheck; do
         MXMOE_SM90_FC2_DGRAD=ew timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/mxmoe_gpu_tests \
           --gtest_filter='*GpuGluBackward*/cuda_sm90:*GpuLayer.MatchesCpu*/cuda_sm90' >"$OUT/hang_$tool.log" 2>&1
         summary "hang $tool (ew forced)" "rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/hang_$tool.log" | tail -1)"

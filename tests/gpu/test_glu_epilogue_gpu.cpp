@@ -531,6 +531,25 @@ TEST_P(GpuGluBackward, Bf16PingpongMatchesCpu) {
 #endif
 }
 
+// The BF16 FC2 dgrad with epilogue warps (MXMOE_SM90_FC2_DGRAD=ew; the layer's default until session
+// 18, when the H200 caught it hung in `mxmoe bench`, so opt-in since): widths of whole and partial
+// 192-wide tiles, groups ending inside tiles, empty and one-row groups, db1 in both types and none,
+// both GLU layouts. Other backends ignore the switch.
+TEST_P(GpuGluBackward, Bf16EpilogueWarpsMatchCpu) {
+#if defined(MXMOE_WITH_CUDA)
+  const Switch ew("MXMOE_SM90_FC2_DGRAD", "ew");
+  expect_glu_backward_ok(backend(),
+                         GluCase{.sizes = {41, 0, 129, 300}, .h = 320, .f = 1440, .b_kn = true,
+                                 .act = Activation::clamped_swiglu, .layout = GluLayout::interleave32},
+                         BwdOptions{.db1 = DType::f32, .accumulate = true});
+  expect_glu_backward_ok(backend(), GluCase{.sizes = {600, 0, 1300, 64, 0, 700}, .h = 2048, .f = 576, .b_kn = true},
+                         BwdOptions{.with_db1 = false});
+  expect_glu_backward_ok(backend(), GluCase{.sizes = {37, 0, 161, 1}, .h = 192, .f = 200, .b_kn = true},
+                         BwdOptions{.db1 = DType::bf16, .dprob_add = false});
+  expect_glu_backward_ok(backend(), GluCase{.sizes = {0, 0, 0}, .b_kn = true});
+#endif
+}
+
 TEST_P(GpuGluBackward, Db1GradOutRulesDprobAddAndOddDims) {
 #if defined(MXMOE_WITH_CUDA)
   const GluCase base{.h = 160, .f = 64, .mx = true, .mx_out = true, .b_kn = true};

@@ -945,9 +945,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     // A tile this CTA does not compute (the dummy of a pair): its stages are waited for and released.
+    // Where one thread releases for its warp group (not kThreadRelease), the warp group meets first:
+    // with no wgmma to hold it back, the releasing warp could otherwise run ahead of a late warp of
+    // its group by a whole ring, the stage be refilled twice meanwhile, and the late warp's parity wait
+    // then wait on the wrong fill, out of step with its group for good. The H200 caught exactly this
+    // (session 18): the BF16 epilogue-warp FC2 dgrad, whose consumers have no epilogue barrier between
+    // tiles, hung now and then with one warp of a consumer warp group waiting on a full barrier while
+    // the other three had gone on (cuda-gdb: three warps in the mainloop, one in a wait).
     auto drain = [&](int k_blocks) {
       for (int kb = 0; kb < k_blocks; ++kb) {
         mbar_wait(&full[stage], phase);
+        if constexpr (!Cfg::kThreadRelease) wg_sync(cw);
         release(stage, false);
         if (++stage == kStages) stage = 0, phase ^= 1;
       }

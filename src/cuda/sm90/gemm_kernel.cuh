@@ -947,11 +947,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     // A tile this CTA does not compute (the dummy of a pair): its stages are waited for and released.
     // Where one thread releases for its warp group (not kThreadRelease), the warp group meets first:
     // with no wgmma to hold it back, the releasing warp could otherwise run ahead of a late warp of
-    // its group by a whole ring, the stage be refilled twice meanwhile, and the late warp's parity wait
-    // then wait on the wrong fill, out of step with its group for good. The H200 caught exactly this
-    // (session 18): the BF16 epilogue-warp FC2 dgrad, whose consumers have no epilogue barrier between
-    // tiles, hung now and then with one warp of a consumer warp group waiting on a full barrier while
-    // the other three had gone on (cuda-gdb: three warps in the mainloop, one in a wait).
+    // its group, the stage be refilled twice meanwhile, and the late warp's parity wait then wait on
+    // the wrong fill, out of step with its group for good. The BF16 k-loop below does the same in the
+    // passes it does not compute. What this is against (session 18, H200, cuda-gdb attached to a hung
+    // `mxmoe bench` with the BF16 epilogue-warp FC2 dgrad forced): in the rank-1 CTA of the last
+    // cluster (the one whose tiles past an odd tile count are dummies), three warps of a consumer warp
+    // group in the k-loop's wgmma and the fourth in a barrier wait, the producers waiting on empty
+    // stages. Those consumers have no barrier between tiles (their epilogue is handed off), so nothing
+    // else brings a late warp back in step. The drain half of this ran on the H200 and the hang stayed
+    // (the BF16 k-loop's dummy passes do not go through drain); the k-loop half has not run yet.
     auto drain = [&](int k_blocks) {
       for (int kb = 0; kb < k_blocks; ++kb) {
         mbar_wait(&full[stage], phase);
@@ -1197,6 +1201,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           mma_stage<Cfg>(stage_a(stage), stage_b(stage), cw, acc);
           wgmma_commit();
           wgmma_wait<1>();
+        } else if constexpr (!Cfg::kThreadRelease) {
+          wg_sync(cw);  // a pass this warp group does not compute: as in drain (above)
         }
         if (prev >= 0) release(prev, prev_zeroed);
         prev = stage;

@@ -3,7 +3,7 @@
 # label included), compute-sanitizer memcheck and racecheck over the kernel tests, the main job on
 # its GPU default (dsv3), the benchmark and the torch peer beside it. Logs go to $OUT (or ./out).
 # GoogleTest is not installed there: carry a copy in .deps/gtest (see docs/gpu_machine.md).
-#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench|moe|fp8|fp8ncu|profile|repeat|hang|mxweights|glubwd|pingpong|ppsan|pool|dequant|ep]...   (default: all but kernels, ncu, moe, fp8, fp8ncu, profile, repeat, hang, mxweights, glubwd, pingpong, ppsan, pool, dequant, ep)
+#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench|moe|fp8|fp8ncu|profile|repeat|hang|mxncu|mxweights|glubwd|pingpong|ppsan|pool|dequant|ep]...   (default: all but kernels, ncu, moe, fp8, fp8ncu, profile, repeat, hang, mxncu, mxweights, glubwd, pingpong, ppsan, pool, dequant, ep)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-out}")

@@ -3,7 +3,7 @@
 # label included), compute-sanitizer memcheck and racecheck over the kernel tests, the main job on
 # its GPU default (dsv3), the benchmark and the torch peer beside it. Logs go to $OUT (or ./out).
 # GoogleTest is not installed there: carry a copy in .deps/gtest (see docs/gpu_machine.md).
-#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench|moe|fp8|fp8ncu|profile|repeat|hang|mxncu|mxweights|glubwd|pingpong|ppsan|pool|dequant|ep]...   (default: all but kernels, ncu, moe, fp8, fp8ncu, profile, repeat, hang, mxncu, mxweights, glubwd, pingpong, ppsan, pool, dequant, ep)
+#   scripts/gpu_check.sh [build|test|torch|sanitize|run|kernels|ncu|bench|moe|fp8|fp8ncu|profile|repeat|hang|mxncu|mxweights|glubwd|mxbf16|pingpong|ppsan|pool|dequant|ep]...   (default: all but kernels, ncu, moe, fp8, fp8ncu, profile, repeat, hang, mxncu, mxweights, glubwd, mxbf16, pingpong, ppsan, pool, dequant, ep)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-out}")
@@ -130,6 +130,23 @@ for s in $steps; do
       ncu -i /tmp/fp8ncu.ncu-rep --page source --csv --print-source sass 2>/dev/null | gzip >"$OUT/fp8ncu_sass.csv.gz"
       grep -E "grouped_gemm|Duration|SM Frequency|Compute \(SM\) Throughput|L2 Cache Throughput|Issue Slots Busy|No Eligible|pipeline" \
         "$OUT/fp8ncu_details.txt" | cut -c1-150 | head -24 ;;
+    mxncu)
+      # Where the MXFP8 FC2 dgrad loses to its BF16 twin (1.29-1.47x its time, session 18): ncu --set
+      # full on the layer's GLU-backward kernel with MXFP8 A (Mx::a) and on the BF16 one (Mx::none),
+      # the fourth launch of each in `mxmoe bench --preset MXNCU_PRESET (default dsv3) --recipe R`:
+      # $OUT/mxncu_{mxfp8,bf16}_details.txt and the SASS source counters with stall reasons
+      # (mxncu_*_sass.csv.gz).
+      for r in mxfp8 bf16; do
+        mx=$([ $r = mxfp8 ] && echo 1 || echo 0)
+        timeout ${NCU_TIMEOUT:-150} ncu --kernel-name-base demangled -k "regex:Epi\)2, 2, \(mxmoe::cuda::sm90::Mx\)$mx" \
+          --launch-skip 3 --launch-count 1 --set full --import-source yes --kill yes -f -o /tmp/mxncu_$r \
+          $B/mxmoe bench --preset ${MXNCU_PRESET:-dsv3} --recipe $r >"$B/mxncu_$r.log" 2>&1
+        summary "mxncu $r" "rc=$?"
+        ncu -i /tmp/mxncu_$r.ncu-rep --page details >"$OUT/mxncu_${r}_details.txt" 2>&1
+        ncu -i /tmp/mxncu_$r.ncu-rep --page source --csv --print-source sass 2>/dev/null | gzip >"$OUT/mxncu_${r}_sass.csv.gz"
+        grep -E "grouped_gemm|Duration|Compute \(SM\) Throughput|L2 Cache Throughput|Issue Slots Busy|No Eligible|Registers Per" \
+          "$OUT/mxncu_${r}_details.txt" | cut -c1-150 | head -14
+      done ;;
     mxweights)
       # The MXFP8 per-call weights (session 15): the tests that run the copy route (quantize of the
       # bf16 copy alone, every GPU layer / graph / dispatch test), memcheck over the quantize and
@@ -176,6 +193,25 @@ for s in $steps; do
           --gtest_filter='*GpuGlu*Backward*/cuda_sm90' >"$OUT/glu_ew_$tool.log" 2>&1
         summary "glu bwd ew $tool" "rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/glu_ew_$tool.log" | tail -1)"
       done ;;
+    mxbf16)
+      # The MXFP8 FC2 dgrad on BF16 operands (MXMOE_SM90_MX_GLU_BWD=bf16, session 18, not yet run when
+      # written): dY dequantized into a transient bf16 copy, the BF16 GLU-backward kernel, the quantizer
+      # on its bf16 dC. The GLU and layer GPU tests with it on, then `mxmoe bench --recipe mxfp8`
+      # (MXBF16_ARGS, default every preset but small) off / on twice, interleaved ->
+      # $OUT/mxbf16_before_after.md (fc2_dgrad and layer rows).
+      MXMOE_SM90_MX_GLU_BWD=bf16 timeout 150 $B/tests/mxmoe_gpu_tests --gtest_filter='*GpuGlu*:*GpuLayer*' \
+        >"$OUT/mxbf16_tests.log" 2>&1
+      summary "mxbf16 tests" "rc=$? $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/mxbf16_tests.log" | tr '\n' ' ')"
+      grep -E '^\[  FAILED  \]' "$OUT/mxbf16_tests.log" | head -8
+      for pass in 1 2; do
+        timeout 60 $B/mxmoe bench --recipe mxfp8 ${MXBF16_ARGS:-} --json "$OUT/mxbf16_off.json" >"$B/mxbf16_off.log" 2>&1; rc_off=$?
+        MXMOE_SM90_MX_GLU_BWD=bf16 timeout 60 $B/mxmoe bench --recipe mxfp8 ${MXBF16_ARGS:-} --json "$OUT/mxbf16_on.json" \
+          >"$B/mxbf16_on.log" 2>&1
+        summary "mxbf16 bench pass $pass" "off rc=$rc_off, on rc=$?"
+      done
+      python3 bench/compare_bench.py "$OUT/mxbf16_off.json" "$OUT/mxbf16_on.json" --labels "Mx::a" "bf16 operands" \
+        --out "$OUT/mxbf16_before_after.md" >/dev/null 2>&1
+      grep -E 'fc2_dgrad|layer_fwd_bwd' "$OUT/mxbf16_before_after.md" | head -24 ;;
     pingpong)
       # The GLU steps with pingpong consumers (session 17, not yet run when written): MXFP8 FC2 dgrad
       # (MXMOE_SM90_MX_GLU_BWD=pp) and FC1 fprop (MXMOE_SM90_MX_GLU_FWD=pp), BF16 FC2 dgrad

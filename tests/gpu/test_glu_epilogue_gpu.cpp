@@ -409,7 +409,8 @@ TEST_P(GpuGluBackward, MatchesCpuBothRecipesActivationsAndLayouts) {
 // cuda_sm90's MXFP8 GLU-backward variants, chosen by switches read per call (src/cuda/sm90/gemm_m.cu):
 // 128- and 256-wide tiles forced (MXMOE_SM90_MX_GLU_BWD_N=128 / 256; the default takes 128 up to
 // K = 4096, so these shapes run 128-wide unforced), epilogue warps on 192- and 128-wide tiles with the A
-// scales from L2 (MXMOE_SM90_MX_GLU_BWD=ew / ew128). Several n-tiles and a partial last one, groups
+// scales from L2 (MXMOE_SM90_MX_GLU_BWD=ew / ew128), pingpong (pp), BF16 operands through the BF16 kernel
+// and the quantizer (bf16). Several n-tiles and a partial last one, groups
 // ending inside tiles, both GLU and scale layouts, MXFP8 and bf16 dC. Other backends ignore them.
 // An environment switch set for a scope (cuda_sm90 reads these per call).
 struct Switch {
@@ -424,7 +425,7 @@ TEST_P(GpuGluBackward, Mxfp8TileVariantsMatchCpu) {
   // Mxfp8PingpongMatchesCpu below runs the pingpong kernel itself)
   for (auto [name, value] : {std::pair{"MXMOE_SM90_MX_GLU_BWD_N", "128"}, std::pair{"MXMOE_SM90_MX_GLU_BWD_N", "256"},
                              std::pair{"MXMOE_SM90_MX_GLU_BWD", "ew"}, std::pair{"MXMOE_SM90_MX_GLU_BWD", "ew128"},
-                             std::pair{"MXMOE_SM90_MX_GLU_BWD", "pp"}}) {
+                             std::pair{"MXMOE_SM90_MX_GLU_BWD", "pp"}, std::pair{"MXMOE_SM90_MX_GLU_BWD", "bf16"}}) {
     SCOPED_TRACE(testing::Message() << name << "=" << value);
     const Switch on(name, value);
     expect_glu_backward_ok(backend(),

@@ -16,7 +16,6 @@
 #include "src/cuda/cuda_ops.h"
 #include "src/cuda/sm90/gemm_m_plan.h"
 #include "src/cuda/sm90/launch.cuh"
-#include "src/common/fp8_block.h"
 #include "src/cuda/sm90/tensor_map.h"
 
 namespace mxmoe::cuda::sm90 {
@@ -506,6 +505,47 @@ bool fp8_b_in_kernel() {
   return v;
 }
 
+void gemm_m(const detail::MGemmStep& s0, void* stream_ptr);  // (below; this backend's, not cuda::gemm_m)
+
+namespace {
+// MXMOE_SM90_MX_GLU_BWD=bf16 (read per call; comparison runs, session 18): the MXFP8 FC2 dgrad runs
+// on BF16 operands, dY's dequantized values in a transient bf16 copy (cuda::dequantize) and the
+// weights' bf16 copy, through the BF16 GLU-backward kernel, whose bf16 dC the quantizer then reads
+// (the unfused route). The GEMM's inputs are the values the Mx::a kernel dequantizes in registers,
+// so the outputs are the same up to accumulation order. The question it answers: how much of the
+// MXFP8 FC2 dgrad's 1.29-1.47x the time of our BF16 one (H200, session 18) is its Mx::a kernel.
+bool mx_glu_backward_on_bf16(const detail::MGemmStep& s) {
+  return s.epilogue == detail::Epilogue::glu_backward && s.gemm.a.is_mxfp8() && !s.gemm.a.is_fp8_block() &&
+         env_is("MXMOE_SM90_MX_GLU_BWD", "bf16");
+}
+
+void gemm_m_mx_glu_backward_on_bf16(const detail::MGemmStep& s0, void* stream_ptr) {
+  const cudaStream_t stream = as_stream(stream_ptr);
+  const MGroupedGemmArgs& g = s0.gemm;
+  const Mxfp8View& am = g.a.mx;
+  const int64_t t = am.data.shape[0], k = am.data.shape[1], experts = g.offsets.experts();
+  const int64_t n = detail::gemm_width(s0), b_rows = g.b_kn ? k : n, b_cols = g.b_kn ? n : k;
+  const bool have_copy = g.b.dequantized.dense.data != nullptr;
+  const int64_t b_elems = experts * b_rows * b_cols;
+  Workspace ws(Workspace::aligned(t * k * 2) + (have_copy ? 0 : Workspace::aligned(b_elems * 2)), stream);
+  uint16_t* a16 = ws.take<uint16_t>(t * k);
+  dequantize(DequantizeArgs{.src = am, .groups = {}, .dst = TensorView::of(a16, DType::bf16, {t, k}, am.data.device)},
+             stream_ptr);
+  uint16_t* b16 = have_copy ? g.b.dequantized.dense.ptr<uint16_t>() : ws.take<uint16_t>(b_elems);
+  if (!have_copy)
+    dequantize_experts(static_cast<const uint8_t*>(g.b.data.dense.data), static_cast<const uint8_t*>(g.b.scales.dense.data),
+                       experts, b_rows, b_cols, g.b_kn ? BlockAxis::col : BlockAxis::row, g.b.layout, b16, stream);
+  detail::MGemmStep s = s0;
+  s.b_copy_only = false;
+  s.gemm.a = Operand{};
+  s.gemm.a.bf16 = TensorView::of(a16, DType::bf16, {t, k}, am.data.device);
+  s.gemm.b = ExpertOperand{};
+  s.gemm.b.data.dense = TensorView::of(b16, DType::bf16, {experts, b_rows, b_cols}, g.b.data.dense.device);
+  s.gemm.b.data.dtype = DType::bf16;
+  sm90::gemm_m(s, stream_ptr);  // BF16 operands, MXFP8 outputs: the BF16 kernel, then the quantizer
+}
+}  // namespace
+
 // MXFP8 steps: B (the weights, e4m3) is dequantized into a transient BF16 copy that the FP8-A
 // kernels read through TMA as the BF16 kernels do (the values are exactly the dequantized ones);
 // MXFP8 outputs of the GLU epilogues (A or dC, row- and column-wise) are written in BF16 (to the
@@ -527,6 +567,7 @@ void gemm_m(const detail::MGemmStep& s0, void* stream_ptr) {
     throw Error("b.dequantized", "a step with MXFP8 weights kept only as their bf16 copy needs that copy");
   const int64_t experts = g.offsets.experts();
   if (experts <= 0) return;
+  if (mx_glu_backward_on_bf16(s0)) return gemm_m_mx_glu_backward_on_bf16(s0, stream_ptr);
   const bool fused = fused_quantizing_epilogue(s0);
   const bool mx_out = has_quantized_outputs(s0) && !fused;
   const bool have_copy = g.b.is_mxfp8() && g.b.dequantized.dense.data != nullptr;

@@ -12,6 +12,20 @@ export PATH=/usr/local/cuda/bin:$PATH
 B=build-gpu
 steps=${*:-build test torch sanitize run bench}
 summary() { echo "== $1: $2" | tee -a "$OUT/summary.txt"; }
+# ab_bench NAME "ENV_OFF" "ENV_ON" LABEL_OFF LABEL_ON TIMEOUT [bench args]: `mxmoe bench` twice in this
+# binary, interleaved, under ENV_OFF and ENV_ON (space-separated VAR=value, may be empty) ->
+# $OUT/NAME_{off,on}.json and NAME_before_after.md (bench/compare_bench.py; "before" = off).
+ab_bench() {
+  local name=$1 env_off=$2 env_on=$3 label_off=$4 label_on=$5 limit=$6 rc_off
+  shift 6
+  for pass in 1 2; do
+    env $env_off timeout $limit $B/mxmoe bench "$@" --json "$OUT/${name}_off.json" >"$B/${name}_off.log" 2>&1; rc_off=$?
+    env $env_on timeout $limit $B/mxmoe bench "$@" --json "$OUT/${name}_on.json" >"$B/${name}_on.log" 2>&1
+    summary "$name bench pass $pass" "off rc=$rc_off, on rc=$?"
+  done
+  python3 bench/compare_bench.py "$OUT/${name}_off.json" "$OUT/${name}_on.json" --labels "$label_off" "$label_on" \
+    --out "$OUT/${name}_before_after.md" >/dev/null 2>&1
+}
 for s in $steps; do
   # STOP_AFTER=N: steps not begun by N seconds into the call are skipped (a call has 600 s).
   if [ "$SECONDS" -gt "${STOP_AFTER:-999999}" ]; then summary "$s" "skipped: ${SECONDS}s > STOP_AFTER"; continue; fi
@@ -203,14 +217,7 @@ for s in $steps; do
         >"$OUT/mxbf16_tests.log" 2>&1
       summary "mxbf16 tests" "rc=$? $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/mxbf16_tests.log" | tr '\n' ' ')"
       grep -E '^\[  FAILED  \]' "$OUT/mxbf16_tests.log" | head -8
-      for pass in 1 2; do
-        timeout 60 $B/mxmoe bench --recipe mxfp8 ${MXBF16_ARGS:-} --json "$OUT/mxbf16_off.json" >"$B/mxbf16_off.log" 2>&1; rc_off=$?
-        MXMOE_SM90_MX_GLU_BWD=bf16 timeout 60 $B/mxmoe bench --recipe mxfp8 ${MXBF16_ARGS:-} --json "$OUT/mxbf16_on.json" \
-          >"$B/mxbf16_on.log" 2>&1
-        summary "mxbf16 bench pass $pass" "off rc=$rc_off, on rc=$?"
-      done
-      python3 bench/compare_bench.py "$OUT/mxbf16_off.json" "$OUT/mxbf16_on.json" --labels "Mx::a" "bf16 operands" \
-        --out "$OUT/mxbf16_before_after.md" >/dev/null 2>&1
+      ab_bench mxbf16 "" MXMOE_SM90_MX_GLU_BWD=bf16 "Mx::a" "bf16 operands" 60 --recipe mxfp8 ${MXBF16_ARGS:-}
       grep -E 'fc2_dgrad|layer_fwd_bwd' "$OUT/mxbf16_before_after.md" | head -24 ;;
     pingpong)
       # The GLU steps with pingpong consumers (session 17, not yet run when written): MXFP8 FC2 dgrad
@@ -230,13 +237,7 @@ for s in $steps; do
         env "${ppenv[@]}" timeout 150 $B/tests/mxmoe_gpu_tests --gtest_filter='*GpuGlu*:*GpuLayer*' \
           >"$OUT/pp_glu_layer.log" 2>&1
         summary "pingpong glu+layer tests" "rc=$? $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/pp_glu_layer.log" | tr '\n' ' ')"
-        for pass in 1 2; do
-          timeout 60 $B/mxmoe bench ${PP_ARGS:-} --json "$OUT/pp_off.json" >"$OUT/pp_off.log" 2>&1; rc_off=$?
-          env "${ppenv[@]}" timeout 60 $B/mxmoe bench ${PP_ARGS:-} --json "$OUT/pp_on.json" >"$OUT/pp_on.log" 2>&1
-          summary "pingpong bench pass $pass" "off rc=$rc_off, on rc=$?"
-        done
-        python3 bench/compare_bench.py "$OUT/pp_off.json" "$OUT/pp_on.json" --labels "coop" "pingpong" \
-          --out "$OUT/pp_before_after.md" >/dev/null 2>&1
+        ab_bench pp "" "${ppenv[*]}" "coop" "pingpong" 60 ${PP_ARGS:-}
         grep -E 'fc1_fprop|fc2_dgrad|layer_fwd_bwd' "$OUT/pp_before_after.md" | head -48
       fi ;;
     ppsan)
@@ -255,14 +256,7 @@ for s in $steps; do
       timeout 200 $B/tests/mxmoe_gpu_tests --gtest_filter='*GpuMemoryPool*:*GpuLayer*:*GpuGraph*:*Captured*:*GraphReplay*' >"$OUT/pool_tests.log" 2>&1
       summary "pool tests" "rc=$? $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/pool_tests.log" | tr '\n' ' ')"
       grep -E '^\[  FAILED  \]' "$OUT/pool_tests.log" | head -10
-      for pass in 1 2; do
-        MXMOE_POOL_RELEASE_BYTES=0 timeout 120 $B/mxmoe bench ${POOL_ARGS:-} --json "$OUT/pool_off.json" >"$OUT/pool_off.log" 2>&1
-        rc_off=$?
-        timeout 120 $B/mxmoe bench ${POOL_ARGS:-} --json "$OUT/pool_on.json" >"$OUT/pool_on.log" 2>&1
-        summary "pool bench pass $pass" "off rc=$rc_off, on rc=$?"
-      done
-      python3 bench/compare_bench.py "$OUT/pool_off.json" "$OUT/pool_on.json" --labels "pool off" "pool on" \
-        --out "$OUT/pool_before_after.md" >/dev/null 2>&1
+      ab_bench pool MXMOE_POOL_RELEASE_BYTES=0 "" "pool off" "pool on" 120 ${POOL_ARGS:-}
       grep -E 'layer_fwd_bwd|wgrad' "$OUT/pool_before_after.md" | head -24 ;;
     dequant)
       # The bf16 dequantize on the hardware e4m3 conversion (session 16, not yet run when written): the

@@ -34,7 +34,7 @@ using StoreKMNNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, 
 using GluFwd = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::glu_forward, kPair>;
 using GluBwd = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair>;
 using GluBwdNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair>;
-// Pingpong consumers (gemm_kernel.cuh PP_; session 17, comparison runs, not yet measured):
+// Pingpong consumers (gemm_kernel.cuh PP_; session 17, comparison runs; measured slower, session 18):
 // MXMOE_SM90_FC1_FPROP=pp, MXMOE_SM90_FC2_DGRAD=pp (where no db1 is summed).
 using GluFwdPP = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::glu_forward, kPair, Mx::none, true>;
 using GluBwdPP = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair, Mx::none, true>;
@@ -350,9 +350,10 @@ bool fc2_dgrad_ew_asked() { return env_is("MXMOE_SM90_FC2_DGRAD", "ew"); }
 //   mixtral (14336)       3.028            3.533            3.152
 // So they were taken where 192 divides the width F (the GEMM's N: dH, before the GLU backward makes
 // dC [T, 2F] of it) and 256 does not: gptoss-120b, 7% of its FC2 dgrad. Session 18 caught this
-// kernel hung on the H200 (`mxmoe bench`, gptoss-120b bf16, about one run in four; cuda-gdb: one
-// cluster left, its producer waiting on an empty stage; cause not yet found, docs/kernels/sm90_gemm.md),
-// so the layer no longer takes it unasked: MXMOE_SM90_FC2_DGRAD=ew only.
+// kernel hung on the H200 (`mxmoe bench`, gptoss-120b bf16, about one run in four; cuda-gdb: the
+// warps of a consumer warp group out of step after a pair's dummy tile, gemm_kernel.cuh `drain`; the
+// fix has not run yet, docs/kernels/sm90_gemm.md), so the layer no longer takes it unasked:
+// MXMOE_SM90_FC2_DGRAD=ew only.
 bool epilogue_warps_take(const detail::MGemmStep& s) {
   if (s.epilogue != detail::Epilogue::glu_backward || s.gemm.a.is_mxfp8()) return false;
   if (!(s.ffn % 8 == 0 && tma_aligned(s.c.data) && tma_aligned(s.out_bf16.data))) return false;
@@ -505,44 +506,16 @@ bool fp8_b_in_kernel() {
   return v;
 }
 
-void gemm_m(const detail::MGemmStep& s0, void* stream_ptr);  // (below; this backend's, not cuda::gemm_m)
-
-namespace {
 // MXMOE_SM90_MX_GLU_BWD=bf16 (read per call; comparison runs, session 18): the MXFP8 FC2 dgrad runs
-// on BF16 operands, dY's dequantized values in a transient bf16 copy (cuda::dequantize) and the
+// on BF16 operands, dY's dequantized values in a transient bf16 copy (cuda::dequantize) beside the
 // weights' bf16 copy, through the BF16 GLU-backward kernel, whose bf16 dC the quantizer then reads
 // (the unfused route). The GEMM's inputs are the values the Mx::a kernel dequantizes in registers,
 // so the outputs are the same up to accumulation order. The question it answers: how much of the
 // MXFP8 FC2 dgrad's 1.29-1.47x the time of our BF16 one (H200, session 18) is its Mx::a kernel.
+namespace {
 bool mx_glu_backward_on_bf16(const detail::MGemmStep& s) {
   return s.epilogue == detail::Epilogue::glu_backward && s.gemm.a.is_mxfp8() && !s.gemm.a.is_fp8_block() &&
          env_is("MXMOE_SM90_MX_GLU_BWD", "bf16");
-}
-
-void gemm_m_mx_glu_backward_on_bf16(const detail::MGemmStep& s0, void* stream_ptr) {
-  const cudaStream_t stream = as_stream(stream_ptr);
-  const MGroupedGemmArgs& g = s0.gemm;
-  const Mxfp8View& am = g.a.mx;
-  const int64_t t = am.data.shape[0], k = am.data.shape[1], experts = g.offsets.experts();
-  const int64_t n = detail::gemm_width(s0), b_rows = g.b_kn ? k : n, b_cols = g.b_kn ? n : k;
-  const bool have_copy = g.b.dequantized.dense.data != nullptr;
-  const int64_t b_elems = experts * b_rows * b_cols;
-  Workspace ws(Workspace::aligned(t * k * 2) + (have_copy ? 0 : Workspace::aligned(b_elems * 2)), stream);
-  uint16_t* a16 = ws.take<uint16_t>(t * k);
-  dequantize(DequantizeArgs{.src = am, .groups = {}, .dst = TensorView::of(a16, DType::bf16, {t, k}, am.data.device)},
-             stream_ptr);
-  uint16_t* b16 = have_copy ? g.b.dequantized.dense.ptr<uint16_t>() : ws.take<uint16_t>(b_elems);
-  if (!have_copy)
-    dequantize_experts(static_cast<const uint8_t*>(g.b.data.dense.data), static_cast<const uint8_t*>(g.b.scales.dense.data),
-                       experts, b_rows, b_cols, g.b_kn ? BlockAxis::col : BlockAxis::row, g.b.layout, b16, stream);
-  detail::MGemmStep s = s0;
-  s.b_copy_only = false;
-  s.gemm.a = Operand{};
-  s.gemm.a.bf16 = TensorView::of(a16, DType::bf16, {t, k}, am.data.device);
-  s.gemm.b = ExpertOperand{};
-  s.gemm.b.data.dense = TensorView::of(b16, DType::bf16, {experts, b_rows, b_cols}, g.b.data.dense.device);
-  s.gemm.b.data.dtype = DType::bf16;
-  sm90::gemm_m(s, stream_ptr);  // BF16 operands, MXFP8 outputs: the BF16 kernel, then the quantizer
 }
 }  // namespace
 
@@ -567,8 +540,8 @@ void gemm_m(const detail::MGemmStep& s0, void* stream_ptr) {
     throw Error("b.dequantized", "a step with MXFP8 weights kept only as their bf16 copy needs that copy");
   const int64_t experts = g.offsets.experts();
   if (experts <= 0) return;
-  if (mx_glu_backward_on_bf16(s0)) return gemm_m_mx_glu_backward_on_bf16(s0, stream_ptr);
-  const bool fused = fused_quantizing_epilogue(s0);
+  const bool deq_a = mx_glu_backward_on_bf16(s0);  // A dequantized too: the BF16 kernel runs the step
+  const bool fused = !deq_a && fused_quantizing_epilogue(s0);
   const bool mx_out = has_quantized_outputs(s0) && !fused;
   const bool have_copy = g.b.is_mxfp8() && g.b.dequantized.dense.data != nullptr;
   const bool deq_b = g.b.is_mxfp8() && !have_copy && !(s0.epilogue == detail::Epilogue::store && fp8_b_in_kernel());
@@ -580,7 +553,16 @@ void gemm_m(const detail::MGemmStep& s0, void* stream_ptr) {
   const int64_t b_elems = experts * b_rows * b_cols;
   detail::MGemmStep s = s0;
   if (fused) s.out_row = s.out_col = Mxfp8View{};
-  Workspace tmp((deq_b ? Workspace::aligned(b_elems * 2) : 0) + staged_output_bytes(s), stream);
+  const int64_t a_elems = deq_a ? a_rows(s0) * k : 0;
+  Workspace tmp((deq_b ? Workspace::aligned(b_elems * 2) : 0) + Workspace::aligned(a_elems * 2) + staged_output_bytes(s),
+                stream);
+  if (deq_a) {
+    const Mxfp8View& am = g.a.mx;
+    const TensorView a16 = TensorView::of(tmp.take<uint16_t>(a_elems), DType::bf16, {a_rows(s0), k}, am.data.device);
+    dequantize(DequantizeArgs{.src = am, .groups = {}, .dst = a16}, stream_ptr);
+    s.gemm.a = Operand{};
+    s.gemm.a.bf16 = a16;
+  }
   if (deq_b || have_copy) {
     uint16_t* wb = have_copy ? g.b.dequantized.dense.ptr<uint16_t>() : tmp.take<uint16_t>(b_elems);
     if (deq_b)

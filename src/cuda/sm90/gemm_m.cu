@@ -506,16 +506,25 @@ bool fp8_b_in_kernel() {
   return v;
 }
 
-// MXMOE_SM90_MX_GLU_BWD=bf16 (read per call; comparison runs, session 18): the MXFP8 FC2 dgrad runs
-// on BF16 operands, dY's dequantized values in a transient bf16 copy (cuda::dequantize) beside the
-// weights' bf16 copy, through the BF16 GLU-backward kernel, whose bf16 dC the quantizer then reads
-// (the unfused route). The GEMM's inputs are the values the Mx::a kernel dequantizes in registers,
-// so the outputs are the same up to accumulation order. The question it answers: how much of the
-// MXFP8 FC2 dgrad's 1.29-1.47x the time of our BF16 one (H200, session 18) is its Mx::a kernel.
+// The MXFP8 FC2 dgrad on BF16 operands: dY's dequantized values in a transient bf16 copy
+// (cuda::dequantize) beside the weights' bf16 copy, through the BF16 GLU-backward kernel, whose bf16
+// dC the quantizer then reads (the unfused route). The GEMM's inputs are the values the Mx::a kernel
+// dequantizes in registers, so the outputs are the same up to accumulation order. Default where
+// K >= 4096: H200, session 19 (bench/results/2026-12-03-h200-sm90-s19-mxbf16.md, two interleaved
+// passes, every preset, both splits), this route runs the step 1.23-1.28x as fast as the Mx::a
+// kernel at K = 4096 and 7168 (mixtral, dsv3), 0.99-1.07x at K = 2880 (gptoss-120b) and 0.91-0.94x
+// at K = 2048 (qwen3-30b): the Mx::a k-loop converts every A fragment in registers (32 F2FP, 32 HADD2
+// and 32 FMUL per k-block beside 4 HGMMA), which a long K pays for longer than one dequantizing
+// pass over dY. It costs a transient T x K bf16 copy of dY and a staged bf16 dC.
+// MXMOE_SM90_MX_GLU_BWD (read per call): `bf16` takes this route at every K; `mx` (or any of the
+// other values: pp, ew, ew128) keeps A in MXFP8.
 namespace {
+constexpr int64_t kMxGluBwdBf16MinK = 4096;
 bool mx_glu_backward_on_bf16(const detail::MGemmStep& s) {
-  return s.epilogue == detail::Epilogue::glu_backward && s.gemm.a.is_mxfp8() && !s.gemm.a.is_fp8_block() &&
-         env_is("MXMOE_SM90_MX_GLU_BWD", "bf16");
+  if (s.epilogue != detail::Epilogue::glu_backward || !s.gemm.a.is_mxfp8() || s.gemm.a.is_fp8_block()) return false;
+  const char* e = std::getenv("MXMOE_SM90_MX_GLU_BWD");
+  if (e != nullptr && *e != '\0') return std::string(e) == "bf16";
+  return a_view(s).shape[1] >= kMxGluBwdBf16MinK;
 }
 }  // namespace
 

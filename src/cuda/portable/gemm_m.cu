@@ -75,9 +75,16 @@ void gemm_m(const detail::MGemmStep& s, void* stream_ptr) {
   p.glu_layout = s.glu_layout;
   if (epi == Epi::glu_forward) p.c_out = s.c.ptr<uint16_t>();
   if (epi == Epi::glu_backward) p.c_in = s.c.ptr<const uint16_t>();
+  // The GLU backward quantizes dC in its epilogue from two staged halves (a- and b-columns); with the
+  // halves layout and F not a multiple of 32, a row-wise 32-column block of dC straddles the two
+  // (columns F-16..F+15 for F = 272), so there the kernel writes bf16 dC (into a transient copy when
+  // the step asked for none) and the CUDA quantizer reads it, as on cuda_sm90.
+  const bool unfused = epi == Epi::glu_backward && s.ffn % kMxBlock != 0 && has_quantized_outputs(s);
+  Workspace staged(unfused ? staged_output_bytes(s) : 0, stream);
+  const detail::MGemmStep su = unfused ? with_bf16_output(s, staged) : detail::MGemmStep{};
   if (epi != Epi::store) {
-    p.out_bf16 = s.out_bf16.ptr<uint16_t>();
-    p.out_mx = fused_mx_outputs(s, stream);
+    p.out_bf16 = (unfused ? su : s).out_bf16.ptr<uint16_t>();
+    if (!unfused) p.out_mx = fused_mx_outputs(s, stream);
   }
   const int64_t out_cols_per_tile = epi == Epi::glu_forward ? kGluFwdF : kBlockN;
   const int64_t out_cols = epi == Epi::store ? n : s.ffn;
@@ -115,6 +122,7 @@ void gemm_m(const detail::MGemmStep& s, void* stream_ptr) {
     const GradDst dst{s.db1.dst.data, s.db1.dst.dtype == DType::f32, s.db1.accumulate};
     launch_reduce_expert_tiles(p.ws_db1, 2 * s.ffn, p.sched, dst, stream);
   }
+  if (unfused) quantize_outputs(s, su.out_bf16, stream_ptr);
 }
 
 }  // namespace mxmoe::cuda::portable

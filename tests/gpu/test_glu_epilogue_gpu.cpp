@@ -417,8 +417,9 @@ TEST_P(GpuGluBackward, MatchesCpuBothRecipesActivationsAndLayouts) {
 // 128- and 256-wide tiles forced (MXMOE_SM90_MX_GLU_BWD_N=128 / 256; the default takes 128 up to
 // K = 4096, so these shapes run 128-wide unforced), epilogue warps on 192- and 128-wide tiles with the A
 // scales from L2 (MXMOE_SM90_MX_GLU_BWD=ew / ew128), pingpong (pp), BF16 operands through the BF16 kernel
-// and the quantizer (bf16; the default from K = 4096), the Mx::a kernel at every K (mx), and no switch
-// (a case at K = 4160 takes the BF16 route unforced). Several n-tiles and a partial last one, groups
+// (bf16; the default from K = 4096: dC quantized in its epilogue where F % 32 = 0, by the quantizer for
+// the third case's F = 720), the Mx::a kernel at every K (mx), and no switch (the case at K = 4160 takes
+// the BF16 route unforced). Several n-tiles and a partial last one, groups
 // ending inside tiles, both GLU and scale layouts, MXFP8 and bf16 dC. Other backends ignore them.
 // An environment switch set for a scope (cuda_sm90 reads these per call).
 struct Switch {
@@ -447,7 +448,7 @@ TEST_P(GpuGluBackward, Mxfp8TileVariantsMatchCpu) {
                                               .mx_out = true, .b_kn = true, .act = Activation::clamped_swiglu,
                                               .layout = GluLayout::interleave32, .scale_layout = ScaleLayout::swizzled},
                            BwdOptions{.db1 = DType::bf16, .dprob_add = false});
-    expect_glu_backward_ok(backend(), GluCase{.sizes = {41, 0, 97}, .h = 4160, .f = 272, .mx = true, .mx_out = true,
+    expect_glu_backward_ok(backend(), GluCase{.sizes = {41, 0, 97}, .h = 4160, .f = 288, .mx = true, .mx_out = true,
                                               .b_kn = true, .scale_layout = ScaleLayout::swizzled},
                            BwdOptions{.db1 = DType::f32});
   }

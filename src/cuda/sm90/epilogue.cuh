@@ -396,7 +396,7 @@ __device__ __forceinline__ void epilogue_glu_forward_impl(const KernelParams& p,
   }
 }
 
-// kQuant: the kernel may be asked for MXFP8 outputs (p.out_mx; Mx::a kernels only).
+// kQuant: the kernel may be asked for MXFP8 outputs (p.out_mx; Mx::a and Mx::q kernels).
 template <int BN, bool kQuant>
 __device__ __forceinline__ void epilogue_glu_forward(const KernelParams& p, const Tile& t, int cw, int ctid,
                                                      const float (&acc)[BN / 2], Stage st) {
@@ -727,10 +727,10 @@ __device__ __forceinline__ void epilogue(const KernelParams& p, const Tile& t, i
   const Stage st = epilogue_stage<Cfg>(epi, cw);
   if constexpr (Cfg::kEpi == Epi::store) epilogue_store<BN>(p, t, cw, ctid, acc, st);
   else if constexpr (Cfg::kEpi == Epi::wgrad) epilogue_wgrad<BN>(p, t, cw, ctid, acc, st);
-  else if constexpr (Cfg::kEpi == Epi::glu_forward) epilogue_glu_forward<BN, Cfg::kMx>(p, t, cw, ctid, acc, st);
+  else if constexpr (Cfg::kEpi == Epi::glu_forward) epilogue_glu_forward<BN, Cfg::kQuantOut>(p, t, cw, ctid, acc, st);
   else
-    epilogue_glu_backward<BN, Cfg::kMx>(p, t, cw, ctid, acc, reinterpret_cast<float*>(epi + 2 * kGluBwdStageBytes),
-                                        st);
+    epilogue_glu_backward<BN, Cfg::kQuantOut>(p, t, cw, ctid, acc,
+                                              reinterpret_cast<float*>(epi + 2 * kGluBwdStageBytes), st);
 }
 
 }  // namespace mxmoe::cuda::sm90

@@ -91,7 +91,10 @@ inline constexpr int kEwEpiBytes = kBlockM * BN * 4 + kEwWarps * 2 * BN * 4;
 //           groups issued their k-blocks in turn (named barriers, so that one promotes while the
 //           other's wgmmas run) measured the same (FC1 2.69 vs 2.73 ms, FC2 1.08 vs 1.03) and was
 //           taken out again.
-enum class Mx : uint8_t { none, a, ab, blk, blk_staged };
+// Mx::q (session 19): BF16 operands whose GLU-backward epilogue quantizes dC itself (the fused
+//           quantizing epilogue of the Mx::a kernels): the MXFP8 FC2 dgrad on BF16 operands (gemm_m.cu
+//           mx_glu_backward_on_bf16), which otherwise wrote bf16 dC for the quantizer to read again.
+enum class Mx : uint8_t { none, a, ab, blk, blk_staged, q };
 // PP_ (pingpong, session 17, MXMOE_SM90_MX_GLU_BWD=pp; docs/kernels/sm90_pingpong_plan.md): the two
 // consumer warp groups take the two 64-row halves of each 128 x BN tile one after the other instead
 // of together, so that one warp group's epilogue runs while the other's mainloop keeps the tensor
@@ -113,6 +116,8 @@ struct KernelConfig {
   static constexpr bool kMxB = Mx_ == Mx::ab;                  // MXFP8 B, converted in shared memory
   static constexpr bool kBlk = Mx_ == Mx::blk || Mx_ == Mx::blk_staged;  // FP8 blockwise: FP8 wgmma, promotion
   static constexpr bool kBlkStaged = Mx_ == Mx::blk_staged;             // its scales staged in shared memory
+  static constexpr bool kQuantOut = kMx || Mx_ == Mx::q;  // the GLU epilogues may quantize (p.out_mx)
+  static_assert(Mx_ != Mx::q || (E_ == Epi::glu_backward && !PP_), "Mx::q: the in-line GLU backward");
   // MXFP8 A with epilogue warps (glu_backward_ew): warps 1-3 of the producer warp group run the
   // epilogue, so the consumers load their rows' A scales from global memory (L2) themselves.
   static constexpr bool kScalesL2 = kMx && !kMxB && E_ == Epi::glu_backward_ew;

@@ -34,6 +34,9 @@ using StoreKMNNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, 
 using GluFwd = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::glu_forward, kPair>;
 using GluBwd = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair>;
 using GluBwdNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair>;
+// The same quantizing dC in the epilogue: the MXFP8 FC2 dgrad on BF16 operands (mx_glu_backward_on_bf16).
+using GluBwdQ = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair, Mx::q>;
+using GluBwdNarrowQ = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair, Mx::q>;
 // Pingpong consumers (gemm_kernel.cuh PP_; session 17, comparison runs; measured slower, session 18):
 // MXMOE_SM90_FC1_FPROP=pp, MXMOE_SM90_FC2_DGRAD=pp (where no db1 is summed).
 using GluFwdPP = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::glu_forward, kPair, Mx::none, true>;
@@ -370,7 +373,8 @@ int mx_epilogue_warps_take(const detail::MGemmStep& s) {
 }
 
 // Runs a step whose B is BF16 (A BF16 or MXFP8) or, with the store epilogue, MXFP8 on both sides;
-// mx: MXFP8 outputs the Mx::a GLU epilogues quantize themselves (fused_quantizing_epilogue).
+// mx: MXFP8 outputs the Mx::a GLU epilogues (and the BF16 GLU backward's Mx::q) quantize themselves
+// (fused_quantizing_epilogue).
 void run_gemm_m(const detail::MGemmStep& s, cudaStream_t stream, const MxOut& mx = {}) {
   if (const int bn = mx_epilogue_warps_take(s); bn > 0) {
     Workspace ws(gemm_m_workspace_bytes(s, bn), stream);
@@ -379,7 +383,7 @@ void run_gemm_m(const detail::MGemmStep& s, cudaStream_t stream, const MxOut& mx
     finish_gemm_m(s, plan, stream);
     return;
   }
-  if (epilogue_warps_take(s)) {
+  if (!mx.any() && epilogue_warps_take(s)) {
     Workspace ws(gemm_m_workspace_bytes(s, kEwN), stream);
     const MPlan plan = plan_gemm_m(s, kEwN, ws, stream);
     launch<GluBwdEw>(plan.params, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
@@ -401,7 +405,10 @@ void run_gemm_m(const detail::MGemmStep& s, cudaStream_t stream, const MxOut& mx
         else launch<GluFwd>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
         break;
       case detail::Epilogue::glu_backward:
-        if (env_is("MXMOE_SM90_FC2_DGRAD", "pp") && p.ws_db1 == nullptr) {
+        if (mx.any()) {
+          if (wide) launch<GluBwdQ>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+          else launch<GluBwdNarrowQ>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
+        } else if (env_is("MXMOE_SM90_FC2_DGRAD", "pp") && p.ws_db1 == nullptr) {
           if (wide) launch<GluBwdPP>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
           else launch<GluBwdNarrowPP>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
         } else if (wide) {
@@ -507,15 +514,16 @@ bool fp8_b_in_kernel() {
 }
 
 // The MXFP8 FC2 dgrad on BF16 operands: dY's dequantized values in a transient bf16 copy
-// (cuda::dequantize) beside the weights' bf16 copy, through the BF16 GLU-backward kernel, whose bf16
-// dC the quantizer then reads (the unfused route). The GEMM's inputs are the values the Mx::a kernel
+// (cuda::dequantize) beside the weights' bf16 copy, through the BF16 GLU-backward kernel, which
+// quantizes dC in its epilogue (Mx::q; the quantizer on its bf16 dC where the fused epilogue does not
+// take the step, as for Mx::a). The GEMM's inputs are the values the Mx::a kernel
 // dequantizes in registers, so the outputs are the same up to accumulation order. Default where
 // K >= 4096: H200, session 19 (bench/results/2026-12-03-h200-sm90-s19-mxbf16.md, two interleaved
 // passes, every preset, both splits), this route runs the step 1.23-1.28x as fast as the Mx::a
 // kernel at K = 4096 and 7168 (mixtral, dsv3), 0.99-1.07x at K = 2880 (gptoss-120b) and 0.91-0.94x
 // at K = 2048 (qwen3-30b): the Mx::a k-loop converts every A fragment in registers (32 F2FP, 32 HADD2
 // and 32 FMUL per k-block beside 4 HGMMA), which a long K pays for longer than one dequantizing
-// pass over dY. It costs a transient T x K bf16 copy of dY and a staged bf16 dC.
+// pass over dY. It costs a transient T x K bf16 copy of dY.
 // MXMOE_SM90_MX_GLU_BWD (read per call): `bf16` takes this route at every K; `mx` (or any of the
 // other values: pp, ew, ew128) keeps A in MXFP8.
 namespace {
@@ -550,7 +558,7 @@ void gemm_m(const detail::MGemmStep& s0, void* stream_ptr) {
   const int64_t experts = g.offsets.experts();
   if (experts <= 0) return;
   const bool deq_a = mx_glu_backward_on_bf16(s0);  // A dequantized too: the BF16 kernel runs the step
-  const bool fused = !deq_a && fused_quantizing_epilogue(s0);
+  const bool fused = fused_quantizing_epilogue(s0);  // deq_a: the BF16 kernel's Mx::q configuration
   const bool mx_out = has_quantized_outputs(s0) && !fused;
   const bool have_copy = g.b.is_mxfp8() && g.b.dequantized.dense.data != nullptr;
   const bool deq_b = g.b.is_mxfp8() && !have_copy && !(s0.epilogue == detail::Epilogue::store && fp8_b_in_kernel());

@@ -10,6 +10,8 @@ Dataflows, every preset (tools/mxmoe/presets.cpp):
   - `copy route`: session 15 (src/api/grouped_mlp.cpp): each weight quantized straight into the bf16
     copy its GEMM reads, made before its quantize step, freed after its GEMM; X's and dY's row-wise
     copies, C and dC's row-wise copy freed after their last reader.
+    Since session 19 FC2 dgrad where H >= 4096 also holds dY's bf16 dequantized copy (T x H x 2: it
+    runs on BF16 operands there; dC is quantized in the kernel's epilogue, nothing staged).
   - `floor`: what the issue's dataflow needs at FC2 dgrad whatever the kernels do (saved C bf16, X and
     A column-wise; dY row-wise, read there; dC row- and column-wise, written there) plus W2 in FP8 (a
     kernel converting FP8 weights in shared memory needs no bf16 copy). dY's column-wise copy is left
@@ -59,7 +61,7 @@ def model(H, F, E, T):
     copy_route = {
         "fc1 fprop": fwd_all + bf16(W1),
         "fc2 fprop": fwd_all - x_row + bf16(W2),
-        "fc2 dgrad": saved + dy_row + dy_col + dc_row + dc_col + bf16(W2),
+        "fc2 dgrad": saved + dy_row + dy_col + dc_row + dc_col + bf16(W2) + (bf16(T * H) if H >= 4096 else 0),
         "fc1 dgrad": saved - c + dy_col + dc_row + dc_col + bf16(W1),
         "wgrads": saved - c + dy_col + dc_col + wgrad_tmp,
     }
@@ -69,8 +71,9 @@ def model(H, F, E, T):
     # session 15 the bf16 copies alone and the frees above.
     prepared_old = 2 * (fp8(W1) + fp8(W2)) + 2 * bf16(W1 + W2) + max(
         fwd_all, saved + dy_row + dy_col + dc_row + dc_col, saved - c + dy_row + dy_col + dc_row + dc_col + wgrad_tmp)
+    dy_bf16 = bf16(T * H) if H >= 4096 else 0  # session 19: FC2 dgrad's transient bf16 dY
     prepared_new = 2 * bf16(W1 + W2) + max(
-        fwd_all, saved + dy_row + dy_col + dc_row + dc_col, saved - c + dy_col + dc_col + wgrad_tmp)
+        fwd_all, saved + dy_row + dy_col + dc_row + dc_col + dy_bf16, saved - c + dy_col + dc_col + wgrad_tmp)
     return resident, fp8_route, copy_route, floor, prepared_old, prepared_new
 
 

@@ -11,7 +11,8 @@ Dataflows, every preset (tools/mxmoe/presets.cpp):
     copy its GEMM reads, made before its quantize step, freed after its GEMM; X's and dY's row-wise
     copies, C and dC's row-wise copy freed after their last reader.
     Since session 19 FC2 dgrad where H >= 4096 also holds dY's bf16 dequantized copy (T x H x 2: it
-    runs on BF16 operands there; dC is quantized in the kernel's epilogue, nothing staged).
+    runs on BF16 operands there) and the bf16 dC the quantizer reads (T x 2F x 2; not with
+    MXMOE_SM90_MX_GLU_BWD=bf16q, whose kernel quantizes dC itself: `--bf16q`).
   - `floor`: what the issue's dataflow needs at FC2 dgrad whatever the kernels do (saved C bf16, X and
     A column-wise; dY row-wise, read there; dC row- and column-wise, written there) plus W2 in FP8 (a
     kernel converting FP8 weights in shared memory needs no bf16 copy). dY's column-wise copy is left
@@ -21,7 +22,7 @@ Dataflows, every preset (tools/mxmoe/presets.cpp):
     session 15 (the bf16 copies alone on cuda_sm90). Checked against session 14's measured peaks.
 Ratios are against the eager BF16 layer's peak measured in the same session-14 run.
 
-    python3 bench/memory_model.py
+    python3 bench/memory_model.py [--bf16q]
 """
 MIB = 1 / 2**20
 # H, F, E, T (tools/mxmoe/presets.cpp)
@@ -43,8 +44,10 @@ def bf16(n):
     return 2 * n * MIB
 
 
-def model(H, F, E, T):
+def model(H, F, E, T, bf16q=False):
     W1, W2 = E * 2 * F * H, E * H * F
+    # session 19: FC2 dgrad's transient bf16 dY and (unless bf16q) staged bf16 dC where H >= 4096
+    dgrad_extra = (bf16(T * H) + (0 if bf16q else bf16(T * 2 * F))) if H >= 4096 else 0
     resident = bf16(T * H) * 4 + bf16(W1 + W2) * 2 + 2 * 4 * T * MIB  # x dy y dx, W dW, probs dprobs
     c, x_row, x_col, a_row, a_col = bf16(T * 2 * F), fp8(T * H), fp8(T * H), fp8(T * F), fp8(T * F)
     dy_row, dy_col, dc_row, dc_col = fp8(T * H), fp8(T * H), fp8(T * 2 * F), fp8(T * 2 * F)
@@ -61,7 +64,7 @@ def model(H, F, E, T):
     copy_route = {
         "fc1 fprop": fwd_all + bf16(W1),
         "fc2 fprop": fwd_all - x_row + bf16(W2),
-        "fc2 dgrad": saved + dy_row + dy_col + dc_row + dc_col + bf16(W2) + (bf16(T * H) if H >= 4096 else 0),
+        "fc2 dgrad": saved + dy_row + dy_col + dc_row + dc_col + bf16(W2) + dgrad_extra,
         "fc1 dgrad": saved - c + dy_col + dc_row + dc_col + bf16(W1),
         "wgrads": saved - c + dy_col + dc_col + wgrad_tmp,
     }
@@ -71,18 +74,19 @@ def model(H, F, E, T):
     # session 15 the bf16 copies alone and the frees above.
     prepared_old = 2 * (fp8(W1) + fp8(W2)) + 2 * bf16(W1 + W2) + max(
         fwd_all, saved + dy_row + dy_col + dc_row + dc_col, saved - c + dy_row + dy_col + dc_row + dc_col + wgrad_tmp)
-    dy_bf16 = bf16(T * H) if H >= 4096 else 0  # session 19: FC2 dgrad's transient bf16 dY
     prepared_new = 2 * bf16(W1 + W2) + max(
-        fwd_all, saved + dy_row + dy_col + dc_row + dc_col + dy_bf16, saved - c + dy_col + dc_col + wgrad_tmp)
+        fwd_all, saved + dy_row + dy_col + dc_row + dc_col + dgrad_extra, saved - c + dy_col + dc_col + wgrad_tmp)
     return resident, fp8_route, copy_route, floor, prepared_old, prepared_new
 
 
 def main():
+    import sys
+    bf16q = "--bf16q" in sys.argv[1:]
     print("| preset | eager BF16 peak | fp8 route: model (measured) | copy route: model, ratio, peak step | "
           "floor at FC2 dgrad, ratio | prepared, up to session 14: model (measured) | prepared, session 15: model, ratio |")
     print("|---|---|---|---|---|---|---|")
     for name, shape in PRESETS.items():
-        resident, old, new, floor, prep_old, prep_new = model(*shape)
+        resident, old, new, floor, prep_old, prep_new = model(*shape, bf16q=bf16q)
         o = resident + max(old.values())
         step = max(new, key=new.get)
         n = resident + new[step]

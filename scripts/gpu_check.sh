@@ -208,16 +208,19 @@ for s in $steps; do
         summary "glu bwd ew $tool" "rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/glu_ew_$tool.log" | tail -1)"
       done ;;
     mxbf16)
-      # The MXFP8 FC2 dgrad on BF16 operands (MXMOE_SM90_MX_GLU_BWD=bf16, session 18, not yet run when
-      # written): dY dequantized into a transient bf16 copy, the BF16 GLU-backward kernel, the quantizer
-      # on its bf16 dC. The GLU and layer GPU tests with it on, then `mxmoe bench --recipe mxfp8`
-      # (MXBF16_ARGS, default every preset but small) off / on twice, interleaved ->
-      # $OUT/mxbf16_before_after.md (fc2_dgrad and layer rows).
-      MXMOE_SM90_MX_GLU_BWD=bf16 timeout 150 $B/tests/mxmoe_gpu_tests --gtest_filter='*GpuGlu*:*GpuLayer*' \
-        >"$OUT/mxbf16_tests.log" 2>&1
-      summary "mxbf16 tests" "rc=$? $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/mxbf16_tests.log" | tr '\n' ' ')"
+      # The MXFP8 FC2 dgrad on BF16 operands (session 18; the default where K >= 4096 since session 19):
+      # dY dequantized into a transient bf16 copy, the BF16 GLU-backward kernel, the quantizer on its
+      # bf16 dC, or (MXMOE_SM90_MX_GLU_BWD=bf16q, session 19, not yet run when written) dC quantized in
+      # that kernel's epilogue (Mx::q). The GLU and layer GPU tests with MXBF16_ON (default
+      # MXMOE_SM90_MX_GLU_BWD=bf16q), then `mxmoe bench --recipe mxfp8` (MXBF16_ARGS, default every
+      # preset but small) under MXBF16_OFF (default: none, the default route) and MXBF16_ON twice,
+      # interleaved -> $OUT/mxbf16_before_after.md (fc2_dgrad and layer rows). Session 18's comparison
+      # was MXBF16_OFF=MXMOE_SM90_MX_GLU_BWD=mx MXBF16_ON=MXMOE_SM90_MX_GLU_BWD=bf16.
+      on=${MXBF16_ON:-MXMOE_SM90_MX_GLU_BWD=bf16q}
+      env $on timeout 150 $B/tests/mxmoe_gpu_tests --gtest_filter='*GpuGlu*:*GpuLayer*' >"$OUT/mxbf16_tests.log" 2>&1
+      summary "mxbf16 tests ($on)" "rc=$? $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/mxbf16_tests.log" | tr '\n' ' ')"
       grep -E '^\[  FAILED  \]' "$OUT/mxbf16_tests.log" | head -8
-      ab_bench mxbf16 "" MXMOE_SM90_MX_GLU_BWD=bf16 "Mx::a" "bf16 operands" 60 --recipe mxfp8 ${MXBF16_ARGS:-}
+      ab_bench mxbf16 "${MXBF16_OFF:-}" "$on" "${MXBF16_OFF:-default}" "$on" 60 --recipe mxfp8 ${MXBF16_ARGS:-}
       grep -E 'fc2_dgrad|layer_fwd_bwd' "$OUT/mxbf16_before_after.md" | head -24 ;;
     pingpong)
       # The GLU steps with pingpong consumers (session 17, not yet run when written): MXFP8 FC2 dgrad

@@ -417,9 +417,9 @@ TEST_P(GpuGluBackward, MatchesCpuBothRecipesActivationsAndLayouts) {
 // 128- and 256-wide tiles forced (MXMOE_SM90_MX_GLU_BWD_N=128 / 256; the default takes 128 up to
 // K = 4096, so these shapes run 128-wide unforced), epilogue warps on 192- and 128-wide tiles with the A
 // scales from L2 (MXMOE_SM90_MX_GLU_BWD=ew / ew128), pingpong (pp), BF16 operands through the BF16 kernel
-// (bf16; the default from K = 4096: dC quantized in its epilogue where F % 32 = 0, by the quantizer for
-// the third case's F = 720), the Mx::a kernel at every K (mx), and no switch (the case at K = 4160 takes
-// the BF16 route unforced). Several n-tiles and a partial last one, groups
+// and the quantizer (bf16; the default from K = 4096), the same with dC quantized in the BF16 kernel's
+// epilogue (bf16q: Mx::q where F % 32 = 0; the quantizer for the third case's F = 720), the Mx::a
+// kernel at every K (mx), and no switch (the case at K = 4160 takes the BF16 route unforced). Several n-tiles and a partial last one, groups
 // ending inside tiles, both GLU and scale layouts, MXFP8 and bf16 dC. Other backends ignore them.
 // An environment switch set for a scope (cuda_sm90 reads these per call).
 struct Switch {
@@ -435,7 +435,8 @@ TEST_P(GpuGluBackward, Mxfp8TileVariantsMatchCpu) {
   for (auto [name, value] : {std::pair{"MXMOE_SM90_MX_GLU_BWD_N", "128"}, std::pair{"MXMOE_SM90_MX_GLU_BWD_N", "256"},
                              std::pair{"MXMOE_SM90_MX_GLU_BWD", "ew"}, std::pair{"MXMOE_SM90_MX_GLU_BWD", "ew128"},
                              std::pair{"MXMOE_SM90_MX_GLU_BWD", "pp"}, std::pair{"MXMOE_SM90_MX_GLU_BWD", "bf16"},
-                             std::pair{"MXMOE_SM90_MX_GLU_BWD", "mx"}, std::pair{"MXMOE_SM90_MX_GLU_BWD", ""}}) {
+                             std::pair{"MXMOE_SM90_MX_GLU_BWD", "bf16q"}, std::pair{"MXMOE_SM90_MX_GLU_BWD", "mx"},
+                             std::pair{"MXMOE_SM90_MX_GLU_BWD", ""}}) {
     SCOPED_TRACE(testing::Message() << name << "=" << value);
     const Switch on(name, value);
     expect_glu_backward_ok(backend(),

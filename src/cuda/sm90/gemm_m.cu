@@ -514,26 +514,28 @@ bool fp8_b_in_kernel() {
 }
 
 // The MXFP8 FC2 dgrad on BF16 operands: dY's dequantized values in a transient bf16 copy
-// (cuda::dequantize) beside the weights' bf16 copy, through the BF16 GLU-backward kernel, which
-// quantizes dC in its epilogue (Mx::q; the quantizer on its bf16 dC where the fused epilogue does not
-// take the step, as for Mx::a). The GEMM's inputs are the values the Mx::a kernel
+// (cuda::dequantize) beside the weights' bf16 copy, through the BF16 GLU-backward kernel, whose bf16
+// dC the quantizer reads (or, with MXMOE_SM90_MX_GLU_BWD=bf16q, which quantizes dC in its epilogue:
+// Mx::q, where the fused epilogue takes the step; written in session 19 after its last GPU call, so
+// opt-in until it has run). The GEMM's inputs are the values the Mx::a kernel
 // dequantizes in registers, so the outputs are the same up to accumulation order. Default where
 // K >= 4096: H200, session 19 (bench/results/2026-12-03-h200-sm90-s19-mxbf16.md, two interleaved
 // passes, every preset, both splits), this route runs the step 1.23-1.28x as fast as the Mx::a
 // kernel at K = 4096 and 7168 (mixtral, dsv3), 0.99-1.07x at K = 2880 (gptoss-120b) and 0.91-0.94x
 // at K = 2048 (qwen3-30b): the Mx::a k-loop converts every A fragment in registers (32 F2FP, 32 HADD2
 // and 32 FMUL per k-block beside 4 HGMMA), which a long K pays for longer than one dequantizing
-// pass over dY. It costs a transient T x K bf16 copy of dY.
-// MXMOE_SM90_MX_GLU_BWD (read per call): `bf16` takes this route at every K; `mx` (or any of the
-// other values: pp, ew, ew128) keeps A in MXFP8.
+// pass over dY. It costs a transient T x K bf16 copy of dY and a staged bf16 dC.
+// MXMOE_SM90_MX_GLU_BWD (read per call): `bf16` takes this route at every K, `bf16q` with Mx::q;
+// `mx` (or any of the other values: pp, ew, ew128) keeps A in MXFP8.
 namespace {
 constexpr int64_t kMxGluBwdBf16MinK = 4096;
 bool mx_glu_backward_on_bf16(const detail::MGemmStep& s) {
   if (s.epilogue != detail::Epilogue::glu_backward || !s.gemm.a.is_mxfp8() || s.gemm.a.is_fp8_block()) return false;
   const char* e = std::getenv("MXMOE_SM90_MX_GLU_BWD");
-  if (e != nullptr && *e != '\0') return std::string(e) == "bf16";
+  if (e != nullptr && *e != '\0') return std::string(e) == "bf16" || std::string(e) == "bf16q";
   return a_view(s).shape[1] >= kMxGluBwdBf16MinK;
 }
+bool mx_glu_backward_quantizes_in_bf16_kernel() { return env_is("MXMOE_SM90_MX_GLU_BWD", "bf16q"); }
 }  // namespace
 
 // MXFP8 steps: B (the weights, e4m3) is dequantized into a transient BF16 copy that the FP8-A
@@ -558,7 +560,8 @@ void gemm_m(const detail::MGemmStep& s0, void* stream_ptr) {
   const int64_t experts = g.offsets.experts();
   if (experts <= 0) return;
   const bool deq_a = mx_glu_backward_on_bf16(s0);  // A dequantized too: the BF16 kernel runs the step
-  const bool fused = fused_quantizing_epilogue(s0);  // deq_a: the BF16 kernel's Mx::q configuration
+  // deq_a: the BF16 kernel's Mx::q configuration quantizes (opt-in, above), else the quantizer.
+  const bool fused = (!deq_a || mx_glu_backward_quantizes_in_bf16_kernel()) && fused_quantizing_epilogue(s0);
   const bool mx_out = has_quantized_outputs(s0) && !fused;
   const bool have_copy = g.b.is_mxfp8() && g.b.dequantized.dense.data != nullptr;
   const bool deq_b = g.b.is_mxfp8() && !have_copy && !(s0.epilogue == detail::Epilogue::store && fp8_b_in_kernel());

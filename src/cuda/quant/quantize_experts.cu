@@ -4,6 +4,9 @@
 // per expert) or column-wise (32x1 blocks along rows, each matrix one group of `rows`,
 // colwise_matrix_scale_bytes per expert). Same kernel as cuda::quantize, one grid row per expert.
 // Run: <build>/tests/mxmoe_gpu_tests --gtest_filter='*GpuQuant.QuantizeExperts*'
+#include <cstdlib>
+#include <string>
+
 #include "src/cuda/common/check.h"
 #include "src/cuda/common/convert.cuh"
 #include "src/cuda/common/workspace.h"
@@ -19,61 +22,6 @@ __device__ __forceinline__ uint16_t dequant_bf16(float v, float scale) {
   return bf16_from_f32(v != v ? v : scale != scale ? scale : v * scale);
 }
 
-// Rows of all experts over the grid (blocks stride over the E * rows rows), 8 consecutive values of
-// a row per thread and step when cols % 8 == 0 (else 1): index math per row and chunk, not per value.
-template <int kVec>
-__global__ void __launch_bounds__(256) dequantize_experts_kernel(const uint8_t* __restrict__ data,
-                                                                 const uint8_t* __restrict__ scales, int64_t scale_bytes,
-                                                                 int64_t rows, int64_t cols, bool colwise,
-                                                                 ScaleLayout layout, int64_t all_rows,
-                                                                 uint16_t* __restrict__ dst) {
-  const int64_t chunks = cols / kVec;
-  const int64_t row_bytes = colwise_scale_row_bytes(cols), block_rows = colwise_group_scale_rows(rows);
-  for (int64_t gr = blockIdx.x; gr < all_rows; gr += gridDim.x) {
-    const int64_t e = gr / rows, r = gr - e * rows;
-    const uint8_t* src = data + gr * cols;
-    uint16_t* out = dst + gr * cols;
-    const uint8_t* sc = scales + e * scale_bytes;
-    const int64_t jb = r / 32;
-    const uint8_t* col_base = sc + jb * row_bytes;  // column-wise, compact: the block row's scales
-    for (int64_t ch = threadIdx.x; ch < chunks; ch += blockDim.x) {
-      const int64_t c = ch * kVec;
-      float s[kVec], v[kVec];
-      if (!colwise) {
-        const float one = e8m0_to_f32(__ldg(sc + rowwise_scale_index(r, c / 32, cols, layout)));
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) s[j] = one;
-      } else if (layout == ScaleLayout::compact) {
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) s[j] = e8m0_to_f32(__ldg(col_base + c + j));
-      } else {
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) s[j] = e8m0_to_f32(__ldg(sc + swizzled_scale_index(c + j, jb, block_rows)));
-      }
-      if constexpr (kVec == 8) {
-        const uint2 raw = __ldg(reinterpret_cast<const uint2*>(src) + ch);
-        const uint32_t w[2] = {raw.x, raw.y};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) e4m3x2_f32(w[j / 2] >> (16 * (j % 2)), v[2 * j], v[2 * j + 1]);
-        uint32_t o[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          o[j] = dequant_bf16(v[2 * j], s[2 * j]) | (static_cast<uint32_t>(dequant_bf16(v[2 * j + 1], s[2 * j + 1])) << 16);
-        reinterpret_cast<uint4*>(out)[ch] = make_uint4(o[0], o[1], o[2], o[3]);
-      } else {
-        out[c] = dequant_bf16(e4m3_to_f32(src[c]), s[0]);
-      }
-    }
-  }
-}
-
-// The bf16 copy alone (QuantizeExpertsStep with `dequantized` only): each value quantized to E4M3
-// under its block's E8M0 scale by the quantizer's own quantize8 (quant_tile.cuh) and decoded back
-// to bf16 in registers as dequantize_experts_kernel decodes it, so the bytes equal quantize, then
-// dequantize, without the FP8 round trip through memory (bf16 read, bf16 written). Row-wise: one
-// thread per 1x32 block (cols % 32 == 0); column-wise: one thread per 32x1 block of 8 adjacent
-// columns (cols % 8 == 0), the matrix's last block partial. Dense 16-byte-aligned source and copy.
-
 // Eight E4M3 bytes (low byte first) under per-value scales -> eight bf16 values.
 template <class Scale>
 __device__ __forceinline__ uint4 dequant8(uint2 q, Scale scale) {
@@ -88,8 +36,85 @@ __device__ __forceinline__ uint4 dequant8(uint2 q, Scale scale) {
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
+// The same on the hardware conversions (convert.cuh e4m3x2_scaled_bf16x2: cvt e4m3x2 -> f16x2, the
+// f32 product, cvt.rn.bf16x2.f32, which give bf16_from_f32(e4m3 * s) for every non-NaN result) where
+// no byte is a NaN (S.1111.111, from NaN inputs) and no scale is NaN; those take dequant8's exact
+// path, which keeps the host's NaN bits. Session 19: the row-wise qdq kernel on dequant8 alone was
+// 1656 SASS instructions (static) for its one 32-value block a thread, most of them the per-value NaN
+// branches of e4m3x2_f32 and the software bf16_from_f32; without the fallback this path is 520. dsv3's
+// W1 copy ran at 2.1 TB/s (1.78 ms for 3.8 GB moved), so likely issue-bound (not profiled).
+// exact_only: dequant8 everywhere (MXMOE_QDQ_CONVERT=exact, read per call: the before/after runs).
+template <class Scale>
+__device__ __forceinline__ uint4 dequant8_fast(uint2 q, Scale scale, bool scale_nan, bool exact_only) {
+  const uint32_t nan_bytes = (((q.x & 0x7f7f7f7fu) + 0x01010101u) | ((q.y & 0x7f7f7f7fu) + 0x01010101u)) & 0x80808080u;
+  if (nan_bytes != 0 || scale_nan || exact_only) return dequant8(q, scale);
+  const uint32_t w[2] = {q.x, q.y};
+  uint32_t o[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) o[j] = e4m3x2_scaled_bf16x2(w[j / 2] >> (16 * (j % 2)), scale(2 * j), scale(2 * j + 1));
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+// MXMOE_QDQ_CONVERT=exact (read per call; the before/after runs of session 19's change): the
+// expert dequantize and quantize-dequantize kernels decode every value on dequant8's exact path.
+bool qdq_exact_only() {
+  const char* e = std::getenv("MXMOE_QDQ_CONVERT");
+  return e != nullptr && std::string(e) == "exact";
+}
+
+// Rows of all experts over the grid (blocks stride over the E * rows rows), 8 consecutive values of
+// a row per thread and step when cols % 8 == 0 (else 1): index math per row and chunk, not per value.
+template <int kVec>
+__global__ void __launch_bounds__(256) dequantize_experts_kernel(const uint8_t* __restrict__ data,
+                                                                 const uint8_t* __restrict__ scales, int64_t scale_bytes,
+                                                                 int64_t rows, int64_t cols, bool colwise,
+                                                                 ScaleLayout layout, int64_t all_rows,
+                                                                 uint16_t* __restrict__ dst, bool exact_only) {
+  const int64_t chunks = cols / kVec;
+  const int64_t row_bytes = colwise_scale_row_bytes(cols), block_rows = colwise_group_scale_rows(rows);
+  for (int64_t gr = blockIdx.x; gr < all_rows; gr += gridDim.x) {
+    const int64_t e = gr / rows, r = gr - e * rows;
+    const uint8_t* src = data + gr * cols;
+    uint16_t* out = dst + gr * cols;
+    const uint8_t* sc = scales + e * scale_bytes;
+    const int64_t jb = r / 32;
+    const uint8_t* col_base = sc + jb * row_bytes;  // column-wise, compact: the block row's scales
+    for (int64_t ch = threadIdx.x; ch < chunks; ch += blockDim.x) {
+      const int64_t c = ch * kVec;
+      float s[kVec];
+      if (!colwise) {
+        const float one = e8m0_to_f32(__ldg(sc + rowwise_scale_index(r, c / 32, cols, layout)));
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) s[j] = one;
+      } else if (layout == ScaleLayout::compact) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) s[j] = e8m0_to_f32(__ldg(col_base + c + j));
+      } else {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) s[j] = e8m0_to_f32(__ldg(sc + swizzled_scale_index(c + j, jb, block_rows)));
+      }
+      if constexpr (kVec == 8) {
+        const uint2 raw = __ldg(reinterpret_cast<const uint2*>(src) + ch);
+        bool scale_nan = false;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) scale_nan |= s[j] != s[j];
+        reinterpret_cast<uint4*>(out)[ch] = dequant8_fast(raw, [&](int j) { return s[j]; }, scale_nan, exact_only);
+      } else {
+        out[c] = dequant_bf16(e4m3_to_f32(src[c]), s[0]);
+      }
+    }
+  }
+}
+
+// The bf16 copy alone (QuantizeExpertsStep with `dequantized` only): each value quantized to E4M3
+// under its block's E8M0 scale by the quantizer's own quantize8 (quant_tile.cuh) and decoded back
+// to bf16 in registers as dequantize_experts_kernel decodes it, so the bytes equal quantize, then
+// dequantize, without the FP8 round trip through memory (bf16 read, bf16 written). Row-wise: one
+// thread per 1x32 block (cols % 32 == 0); column-wise: one thread per 32x1 block of 8 adjacent
+// columns (cols % 8 == 0), the matrix's last block partial. Dense 16-byte-aligned source and copy.
+
 __global__ void __launch_bounds__(256) qdq_rowwise_kernel(const uint16_t* __restrict__ src, int64_t blocks,
-                                                          uint16_t* __restrict__ dst) {
+                                                          uint16_t* __restrict__ dst, bool exact_only) {
   for (int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; b < blocks;
        b += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const uint4* in = reinterpret_cast<const uint4*>(src + b * kMxBlock);
@@ -106,12 +131,14 @@ __global__ void __launch_bounds__(256) qdq_rowwise_kernel(const uint16_t* __rest
     const float mult = e8m0_encode_multiplier(e), scale = e8m0_to_f32(e);
     uint4* out = reinterpret_cast<uint4*>(dst + b * kMxBlock);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) out[q] = dequant8(quant::quantize8(w[q], mult), [&](int) { return scale; });
+    for (int q = 0; q < 4; ++q)
+      out[q] = dequant8_fast(quant::quantize8(w[q], mult), [&](int) { return scale; }, scale != scale, exact_only);
   }
 }
 
 __global__ void __launch_bounds__(256) qdq_colwise_kernel(const uint16_t* __restrict__ src, int64_t experts,
-                                                          int64_t rows, int64_t cols, uint16_t* __restrict__ dst) {
+                                                          int64_t rows, int64_t cols, uint16_t* __restrict__ dst,
+                                                          bool exact_only) {
   const int64_t chunks = cols / 8, row_blocks = (rows + kMxBlock - 1) / kMxBlock;
   const int64_t tasks = experts * row_blocks * chunks;
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < tasks;
@@ -131,16 +158,19 @@ __global__ void __launch_bounds__(256) qdq_colwise_kernel(const uint16_t* __rest
       }
     }
     float mult[8], scale[8];
+    bool scale_nan = false;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const uint8_t e8 = e8m0_from_amax(amax[j]);
       mult[j] = e8m0_encode_multiplier(e8);
       scale[j] = e8m0_to_f32(e8);
+      scale_nan |= scale[j] != scale[j];
     }
     for (int64_t r = 0; r < n; ++r) {
       const uint4 v = __ldg(reinterpret_cast<const uint4*>(src + at + r * cols));
       const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-      *reinterpret_cast<uint4*>(dst + at + r * cols) = dequant8(quant::quantize8(w, mult), [&](int j) { return scale[j]; });
+      *reinterpret_cast<uint4*>(dst + at + r * cols) =
+          dequant8_fast(quant::quantize8(w, mult), [&](int j) { return scale[j]; }, scale_nan, exact_only);
     }
   }
 }
@@ -160,10 +190,11 @@ bool quantize_dequantize_experts(const detail::QuantizeExpertsStep& s, cudaStrea
   const int64_t tasks = row ? elems / kMxBlock : s.experts * ((s.rows + kMxBlock - 1) / kMxBlock) * (s.cols / 8);
   const int64_t want = (tasks + 255) / 256, cap = 8L * sms;
   const int blocks = static_cast<int>(want < cap ? want : cap);
+  const bool exact_only = qdq_exact_only();
   if (row)
-    qdq_rowwise_kernel<<<blocks, 256, 0, stream>>>(src, tasks, dst);
+    qdq_rowwise_kernel<<<blocks, 256, 0, stream>>>(src, tasks, dst, exact_only);
   else
-    qdq_colwise_kernel<<<blocks, 256, 0, stream>>>(src, s.experts, s.rows, s.cols, dst);
+    qdq_colwise_kernel<<<blocks, 256, 0, stream>>>(src, s.experts, s.rows, s.cols, dst, exact_only);
   MXMOE_CUDA_CHECK(cudaGetLastError());
   return true;
 }
@@ -183,12 +214,13 @@ void dequantize_experts(const uint8_t* data, const uint8_t* scales, int64_t expe
   const int64_t cap = 16L * sms;
   const int blocks = static_cast<int>(all_rows < cap ? all_rows : cap);
   const bool vec = cols % 8 == 0 && reinterpret_cast<uintptr_t>(data) % 8 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  const bool exact = qdq_exact_only();
   if (vec)
     dequantize_experts_kernel<8><<<blocks, 256, 0, stream>>>(data, scales, scale_bytes, rows, cols, colwise, layout,
-                                                             all_rows, dst);
+                                                             all_rows, dst, exact);
   else
     dequantize_experts_kernel<1><<<blocks, 256, 0, stream>>>(data, scales, scale_bytes, rows, cols, colwise, layout,
-                                                             all_rows, dst);
+                                                             all_rows, dst, exact);
   MXMOE_CUDA_CHECK(cudaGetLastError());
 }
 

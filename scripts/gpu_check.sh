@@ -223,20 +223,21 @@ for s in $steps; do
       ab_bench mxbf16 "${MXBF16_OFF:-}" "$on" "${MXBF16_OFF:-default}" "$on" 60 --recipe mxfp8 ${MXBF16_ARGS:-}
       grep -E 'fc2_dgrad|layer_fwd_bwd' "$OUT/mxbf16_before_after.md" | head -24 ;;
     qdq)
-      # The per-call weights' bf16 copies on the hardware conversions (quantize_experts.cu
-      # dequant8_fast, session 19, not yet run when written; the exact software path only for NaN
-      # bytes). The quantize GPU tests (bit for bit against the CPU, NaN / Inf / subnormal inputs
-      # included), memcheck over the expert-quantize ones, then `mxmoe bench --recipe mxfp8`
-      # (QDQ_ARGS, default every preset but small) with MXMOE_QDQ_CONVERT=exact (the old kernels) and
-      # without, twice, interleaved -> $OUT/qdq_before_after.md (quantize_w*_copy and layer rows).
-      timeout 150 $B/tests/mxmoe_gpu_tests --gtest_filter='*GpuQuant*:*GpuLayer*' >"$OUT/qdq_tests.log" 2>&1
+      # The weights' bf16 copies on the hardware conversions (quantize_experts.cu dequant8_fast,
+      # MXMOE_QDQ_CONVERT=fast; session 19, not yet run when written; the exact software path only for
+      # NaN bytes). The quantize and layer GPU tests with it on (bit for bit against the CPU, NaN / Inf
+      # / subnormal inputs included), memcheck over the expert-quantize ones, then `mxmoe bench
+      # --recipe mxfp8` (QDQ_ARGS, default every preset but small) without and with it, twice,
+      # interleaved -> $OUT/qdq_before_after.md (quantize_w*_copy, prepare_weights and layer rows).
+      MXMOE_QDQ_CONVERT=fast timeout 150 $B/tests/mxmoe_gpu_tests --gtest_filter='*GpuQuant*:*GpuLayer*' \
+        >"$OUT/qdq_tests.log" 2>&1
       summary "qdq tests" "rc=$? $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/qdq_tests.log" | tr '\n' ' ')"
       grep -E '^\[  FAILED  \]' "$OUT/qdq_tests.log" | head -8
-      timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/mxmoe_gpu_tests \
+      MXMOE_QDQ_CONVERT=fast timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/mxmoe_gpu_tests \
         --gtest_filter='*GpuQuant*QuantizeExperts*' >"$OUT/qdq_memcheck.log" 2>&1
       summary "qdq memcheck" "rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/qdq_memcheck.log" | tail -1)"
-      ab_bench qdq MXMOE_QDQ_CONVERT=exact "" "exact dequant8" "hardware cvt" 60 --recipe mxfp8 ${QDQ_ARGS:-}
-      grep -E 'quantize_w|layer_fwd_bwd' "$OUT/qdq_before_after.md" | head -32 ;;
+      ab_bench qdq "" MXMOE_QDQ_CONVERT=fast "exact dequant8" "hardware cvt" 60 --recipe mxfp8 ${QDQ_ARGS:-}
+      grep -E 'quantize_w|prepare_weights|layer_fwd_bwd' "$OUT/qdq_before_after.md" | head -40 ;;
     pingpong)
       # The GLU steps with pingpong consumers (session 17, not yet run when written): MXFP8 FC2 dgrad
       # (MXMOE_SM90_MX_GLU_BWD=pp) and FC1 fprop (MXMOE_SM90_MX_GLU_FWD=pp), BF16 FC2 dgrad

@@ -43,7 +43,7 @@ __device__ __forceinline__ uint4 dequant8(uint2 q, Scale scale) {
 // 1656 SASS instructions (static) for its one 32-value block a thread, most of them the per-value NaN
 // branches of e4m3x2_f32 and the software bf16_from_f32; without the fallback this path is 520. dsv3's
 // W1 copy ran at 2.1 TB/s (1.78 ms for 3.8 GB moved), so likely issue-bound (not profiled).
-// exact_only: dequant8 everywhere (MXMOE_QDQ_CONVERT=exact, read per call: the before/after runs).
+// exact_only: dequant8 everywhere (unless MXMOE_QDQ_CONVERT=fast, below).
 template <class Scale>
 __device__ __forceinline__ uint4 dequant8_fast(uint2 q, Scale scale, bool scale_nan, bool exact_only) {
   const uint32_t nan_bytes = (((q.x & 0x7f7f7f7fu) + 0x01010101u) | ((q.y & 0x7f7f7f7fu) + 0x01010101u)) & 0x80808080u;
@@ -55,11 +55,12 @@ __device__ __forceinline__ uint4 dequant8_fast(uint2 q, Scale scale, bool scale_
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
-// MXMOE_QDQ_CONVERT=exact (read per call; the before/after runs of session 19's change): the
-// expert dequantize and quantize-dequantize kernels decode every value on dequant8's exact path.
+// MXMOE_QDQ_CONVERT=fast (read per call; session 19, opt-in until it has run on a GPU: written after
+// the session's last device call) takes dequant8_fast's hardware path; unset, the expert dequantize
+// and quantize-dequantize kernels decode every value on dequant8's exact path as before.
 bool qdq_exact_only() {
   const char* e = std::getenv("MXMOE_QDQ_CONVERT");
-  return e != nullptr && std::string(e) == "exact";
+  return e == nullptr || std::string(e) != "fast";
 }
 
 // Rows of all experts over the grid (blocks stride over the E * rows rows), 8 consecutive values of

@@ -421,12 +421,7 @@ TEST_P(GpuGluBackward, MatchesCpuBothRecipesActivationsAndLayouts) {
 // epilogue (bf16q: Mx::q where F % 32 = 0; the quantizer for the third case's F = 720), the Mx::a
 // kernel at every K (mx), and no switch (the case at K = 4160 takes the BF16 route unforced). Several n-tiles and a partial last one, groups
 // ending inside tiles, both GLU and scale layouts, MXFP8 and bf16 dC. Other backends ignore them.
-// An environment switch set for a scope (cuda_sm90 reads these per call).
-struct Switch {
-  const char* name;
-  Switch(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
-  ~Switch() { unsetenv(name); }
-};
+// (Each switch is set for a scope with EnvOverride: cuda_sm90 reads them per call.)
 
 TEST_P(GpuGluBackward, Mxfp8TileVariantsMatchCpu) {
 #if defined(MXMOE_WITH_CUDA)
@@ -438,7 +433,7 @@ TEST_P(GpuGluBackward, Mxfp8TileVariantsMatchCpu) {
                              std::pair{"MXMOE_SM90_MX_GLU_BWD", "bf16q"}, std::pair{"MXMOE_SM90_MX_GLU_BWD", "mx"},
                              std::pair{"MXMOE_SM90_MX_GLU_BWD", ""}}) {
     SCOPED_TRACE(testing::Message() << name << "=" << value);
-    const Switch on(name, value);
+    const EnvOverride on(name, value);
     expect_glu_backward_ok(backend(),
                            GluCase{.sizes = {41, 0, 129, 300}, .h = 320, .f = 1440, .mx = true, .mx_out = true,
                                    .b_kn = true, .act = Activation::clamped_swiglu, .layout = GluLayout::interleave32},
@@ -462,7 +457,7 @@ TEST_P(GpuGluBackward, Mxfp8TileVariantsMatchCpu) {
 // quantized A against the quantization of the kernel's own bf16 A.
 TEST_P(GpuGluForward, Mxfp8PingpongMatchesCpu) {
 #if defined(MXMOE_WITH_CUDA)
-  const Switch pp("MXMOE_SM90_MX_GLU_FWD", "pp");
+  const EnvOverride pp("MXMOE_SM90_MX_GLU_FWD", "pp");
   for (GluLayout layout : {GluLayout::halves, GluLayout::interleave32}) {
     SCOPED_TRACE(testing::Message() << "layout=" << static_cast<int>(layout));
     expect_glu_forward_ok(backend(), GluCase{.h = 512, .f = 96, .mx = true, .mx_out = true,
@@ -489,7 +484,7 @@ TEST_P(GpuGluBackward, Mxfp8PingpongMatchesCpu) {
   const BwdOptions no_db1{.with_db1 = false};
   for (const char* width : {"128", "256"}) {
     SCOPED_TRACE(testing::Message() << "MXMOE_SM90_MX_GLU_BWD=pp, MXMOE_SM90_MX_GLU_BWD_N=" << width);
-    const Switch pp("MXMOE_SM90_MX_GLU_BWD", "pp"), n("MXMOE_SM90_MX_GLU_BWD_N", width);
+    const EnvOverride pp("MXMOE_SM90_MX_GLU_BWD", "pp"), n("MXMOE_SM90_MX_GLU_BWD_N", width);
     expect_glu_backward_ok(backend(),
                            GluCase{.sizes = {41, 0, 129, 300}, .h = 320, .f = 1440, .mx = true, .mx_out = true,
                                    .b_kn = true, .act = Activation::clamped_swiglu, .layout = GluLayout::interleave32},
@@ -518,7 +513,7 @@ TEST_P(GpuGluBackward, Mxfp8PingpongMatchesCpu) {
 // partial last one, 128- and 256-wide FC2 dgrad tiles (F <= 128 and above), a K of many k-blocks.
 TEST_P(GpuGluForward, Bf16PingpongMatchesCpu) {
 #if defined(MXMOE_WITH_CUDA)
-  const Switch pp("MXMOE_SM90_FC1_FPROP", "pp");
+  const EnvOverride pp("MXMOE_SM90_FC1_FPROP", "pp");
   for (GluLayout layout : {GluLayout::halves, GluLayout::interleave32}) {
     SCOPED_TRACE(testing::Message() << "layout=" << static_cast<int>(layout));
     expect_glu_forward_ok(backend(), GluCase{.sizes = {37, 0, 161, 300, 1}, .h = 2048, .f = 416,
@@ -531,7 +526,7 @@ TEST_P(GpuGluForward, Bf16PingpongMatchesCpu) {
 
 TEST_P(GpuGluBackward, Bf16PingpongMatchesCpu) {
 #if defined(MXMOE_WITH_CUDA)
-  const Switch pp("MXMOE_SM90_FC2_DGRAD", "pp");
+  const EnvOverride pp("MXMOE_SM90_FC2_DGRAD", "pp");
   const BwdOptions no_db1{.with_db1 = false};
   expect_glu_backward_ok(backend(),
                          GluCase{.sizes = {41, 0, 129, 300}, .h = 320, .f = 1440, .b_kn = true,
@@ -552,7 +547,7 @@ TEST_P(GpuGluBackward, Bf16PingpongMatchesCpu) {
 // both GLU layouts. Other backends ignore the switch.
 TEST_P(GpuGluBackward, Bf16EpilogueWarpsMatchCpu) {
 #if defined(MXMOE_WITH_CUDA)
-  const Switch ew("MXMOE_SM90_FC2_DGRAD", "ew");
+  const EnvOverride ew("MXMOE_SM90_FC2_DGRAD", "ew");
   expect_glu_backward_ok(backend(),
                          GluCase{.sizes = {41, 0, 129, 300}, .h = 320, .f = 1440, .b_kn = true,
                                  .act = Activation::clamped_swiglu, .layout = GluLayout::interleave32},

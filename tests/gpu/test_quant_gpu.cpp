@@ -465,6 +465,21 @@ TEST_P(GpuQuant, QuantizeExpertsDenseAndPointerTableMatchCpu) {
 #endif
 }
 
+// The same with the weights' bf16 copies decoded on the hardware conversions
+// (MXMOE_QDQ_CONVERT=fast, src/cuda/quant/quantize_experts.cu; read per call): the bytes
+// must not change, NaN, Inf and subnormal inputs included (make_input).
+TEST_P(GpuQuant, QuantizeExpertsOnTheHardwareDecodeMatchCpu) {
+#if defined(MXMOE_WITH_CUDA)
+  const EnvOverride fast("MXMOE_QDQ_CONVERT", "fast");
+  for (ScaleLayout layout : kLayouts) {
+    for (BlockAxis axis : {BlockAxis::row, BlockAxis::col}) {
+      check_quantize_experts(backend(), 5, 200, 352, axis, layout);
+      check_quantize_experts(backend(), 3, 2880, 1408, axis, layout);
+    }
+  }
+#endif
+}
+
 TEST_P(GpuQuant, GraphReplayWithNewDeviceOffsetsGivesNewResult) {
 #if defined(MXMOE_WITH_CUDA)
   // One capture; the offsets' contents change between replays. A host read of the offsets at

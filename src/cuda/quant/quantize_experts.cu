@@ -56,8 +56,8 @@ __device__ __forceinline__ uint4 dequant8_fast(uint2 q, Scale scale, bool scale_
 }
 
 // MXMOE_QDQ_CONVERT=fast (read per call; session 19, opt-in until it has run on a GPU: written after
-// the session's last device call) takes dequant8_fast's hardware path; unset, the expert dequantize
-// and quantize-dequantize kernels decode every value on dequant8's exact path as before.
+// the session's last device call that ran) takes dequant8_fast's hardware path; unset, the expert
+// dequantize and quantize-dequantize kernels decode every value on dequant8's exact path as before.
 bool qdq_exact_only() {
   const char* e = std::getenv("MXMOE_QDQ_CONVERT");
   return e == nullptr || std::string(e) != "fast";

@@ -22,7 +22,7 @@ Dataflows, every preset (tools/mxmoe/presets.cpp):
     session 15 (the bf16 copies alone on cuda_sm90). Checked against session 14's measured peaks.
 Ratios are against the eager BF16 layer's peak measured in the same session-14 run.
 
-    python3 bench/memory_model.py [--bf16q]
+    python3 bench/memory_model.py [--bf16q] [--chunks N]
 """
 MIB = 1 / 2**20
 # H, F, E, T (tools/mxmoe/presets.cpp)
@@ -44,7 +44,9 @@ def bf16(n):
     return 2 * n * MIB
 
 
-def model(H, F, E, T, bf16q=False):
+def model(H, F, E, T, bf16q=False, chunks=1):
+    """chunks > 1: the copy route's weight copies made and consumed in that many expert chunks, and dY's
+    column-wise copy quantized after FC2 dgrad (a proposal, session 19: not built)."""
     W1, W2 = E * 2 * F * H, E * H * F
     # session 19: FC2 dgrad's transient bf16 dY and (unless bf16q) staged bf16 dC where H >= 4096
     dgrad_extra = (bf16(T * H) + (0 if bf16q else bf16(T * 2 * F))) if H >= 4096 else 0
@@ -61,11 +63,13 @@ def model(H, F, E, T, bf16q=False):
         "fc1 dgrad": saved + dy_row + dy_col + dc_row + dc_col + fp8(W1) + fp8(W2) + bf16(W1),
         "wgrads": saved - c + dy_row + dy_col + dc_row + dc_col + fp8(W1) + fp8(W2) + wgrad_tmp,
     }
+    n = max(1, min(chunks, E))
+    late_dy_col = dy_col if n == 1 else 0  # chunked: dY's column-wise copy made after FC2 dgrad
     copy_route = {
-        "fc1 fprop": fwd_all + bf16(W1),
-        "fc2 fprop": fwd_all - x_row + bf16(W2),
-        "fc2 dgrad": saved + dy_row + dy_col + dc_row + dc_col + bf16(W2) + dgrad_extra,
-        "fc1 dgrad": saved - c + dy_col + dc_row + dc_col + bf16(W1),
+        "fc1 fprop": fwd_all + bf16(W1) / n,
+        "fc2 fprop": fwd_all - x_row + bf16(W2) / n,
+        "fc2 dgrad": saved + dy_row + late_dy_col + dc_row + dc_col + bf16(W2) / n + dgrad_extra,
+        "fc1 dgrad": saved - c + dy_col + dc_row + dc_col + bf16(W1) / n,
         "wgrads": saved - c + dy_col + dc_col + wgrad_tmp,
     }
     floor = saved + dy_row + dc_row + dc_col + fp8(W2)
@@ -82,11 +86,12 @@ def model(H, F, E, T, bf16q=False):
 def main():
     import sys
     bf16q = "--bf16q" in sys.argv[1:]
+    chunks = int(sys.argv[sys.argv.index("--chunks") + 1]) if "--chunks" in sys.argv[1:] else 1
     print("| preset | eager BF16 peak | fp8 route: model (measured) | copy route: model, ratio, peak step | "
           "floor at FC2 dgrad, ratio | prepared, up to session 14: model (measured) | prepared, session 15: model, ratio |")
     print("|---|---|---|---|---|---|---|")
     for name, shape in PRESETS.items():
-        resident, old, new, floor, prep_old, prep_new = model(*shape, bf16q=bf16q)
+        resident, old, new, floor, prep_old, prep_new = model(*shape, bf16q=bf16q, chunks=chunks)
         o = resident + max(old.values())
         step = max(new, key=new.get)
         n = resident + new[step]

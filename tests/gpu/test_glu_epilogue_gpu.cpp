@@ -419,8 +419,9 @@ TEST_P(GpuGluBackward, MatchesCpuBothRecipesActivationsAndLayouts) {
 // scales from L2 (MXMOE_SM90_MX_GLU_BWD=ew / ew128), pingpong (pp), BF16 operands through the BF16 kernel
 // and the quantizer (bf16; the default from K = 4096), the same with dC quantized in the BF16 kernel's
 // epilogue (bf16q: Mx::q where F % 32 = 0; the quantizer for the third case's F = 720), the Mx::a
-// kernel at every K (mx), and no switch (the case at K = 4160 takes the BF16 route unforced). Several n-tiles and a partial last one, groups
-// ending inside tiles, both GLU and scale layouts, MXFP8 and bf16 dC. Other backends ignore them.
+// kernel at every K (mx), and no switch (the case at K = 4160 takes the BF16 route unforced). Several
+// n-tiles and a partial last one, groups ending inside tiles, both GLU and scale layouts, MXFP8 and
+// bf16 dC. Other backends ignore them.
 // (Each switch is set for a scope with EnvOverride: cuda_sm90 reads them per call.)
 
 TEST_P(GpuGluBackward, Mxfp8TileVariantsMatchCpu) {

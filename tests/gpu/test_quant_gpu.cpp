@@ -8,8 +8,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
@@ -451,17 +453,19 @@ void check_quantize_experts(detail::Backend& backend, int64_t experts, int64_t r
     expect_same_bytes(d_only.download(), deq, "expert bf16 copy alone");
   }
 }
+
+// check_quantize_experts over both scale layouts and both axes, for each {experts, rows, cols}.
+void check_quantize_experts_everywhere(detail::Backend& backend, std::initializer_list<std::array<int64_t, 3>> shapes) {
+  for (ScaleLayout layout : kLayouts)
+    for (BlockAxis axis : {BlockAxis::row, BlockAxis::col})
+      for (const auto& [experts, rows, cols] : shapes)
+        check_quantize_experts(backend, experts, rows, cols, axis, layout);
+}
 #endif
 
 TEST_P(GpuQuant, QuantizeExpertsDenseAndPointerTableMatchCpu) {
 #if defined(MXMOE_WITH_CUDA)
-  for (ScaleLayout layout : kLayouts) {
-    for (BlockAxis axis : {BlockAxis::row, BlockAxis::col}) {
-      check_quantize_experts(backend(), 5, 200, 352, axis, layout);
-      check_quantize_experts(backend(), 3, 2880, 1408, axis, layout);
-      check_quantize_experts(backend(), 2, 1408, 2880, axis, layout);
-    }
-  }
+  check_quantize_experts_everywhere(backend(), {{5, 200, 352}, {3, 2880, 1408}, {2, 1408, 2880}});
 #endif
 }
 
@@ -471,12 +475,7 @@ TEST_P(GpuQuant, QuantizeExpertsDenseAndPointerTableMatchCpu) {
 TEST_P(GpuQuant, QuantizeExpertsOnTheHardwareDecodeMatchCpu) {
 #if defined(MXMOE_WITH_CUDA)
   const EnvOverride fast("MXMOE_QDQ_CONVERT", "fast");
-  for (ScaleLayout layout : kLayouts) {
-    for (BlockAxis axis : {BlockAxis::row, BlockAxis::col}) {
-      check_quantize_experts(backend(), 5, 200, 352, axis, layout);
-      check_quantize_experts(backend(), 3, 2880, 1408, axis, layout);
-    }
-  }
+  check_quantize_experts_everywhere(backend(), {{5, 200, 352}, {3, 2880, 1408}});
 #endif
 }
 

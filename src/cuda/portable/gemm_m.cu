@@ -81,9 +81,9 @@ void gemm_m(const detail::MGemmStep& s, void* stream_ptr) {
   // the step asked for none) and the CUDA quantizer reads it, as on cuda_sm90.
   const bool unfused = epi == Epi::glu_backward && s.ffn % kMxBlock != 0 && has_quantized_outputs(s);
   Workspace staged(unfused ? staged_output_bytes(s) : 0, stream);
-  const detail::MGemmStep su = unfused ? with_bf16_output(s, staged) : detail::MGemmStep{};
+  const detail::MGemmStep su = unfused ? with_bf16_output(s, staged) : s;
   if (epi != Epi::store) {
-    p.out_bf16 = (unfused ? su : s).out_bf16.ptr<uint16_t>();
+    p.out_bf16 = su.out_bf16.ptr<uint16_t>();
     if (!unfused) p.out_mx = fused_mx_outputs(s, stream);
   }
   const int64_t out_cols_per_tile = epi == Epi::glu_forward ? kGluFwdF : kBlockN;

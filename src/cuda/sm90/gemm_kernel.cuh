@@ -959,8 +959,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // cluster (the one whose tiles past an odd tile count are dummies), three warps of a consumer warp
     // group in the k-loop's wgmma and the fourth in a barrier wait, the producers waiting on empty
     // stages. Those consumers have no barrier between tiles (their epilogue is handed off), so nothing
-    // else brings a late warp back in step. The drain half of this ran on the H200 and the hang stayed
-    // (the BF16 k-loop's dummy passes do not go through drain); the k-loop half has not run yet.
+    // else brings a late warp back in step. The drain half alone left the hang (the BF16 k-loop's
+    // dummy passes do not go through drain); with the k-loop half, 25 of 25 forced runs finished
+    // (H200, session 19).
     auto drain = [&](int k_blocks) {
       for (int kb = 0; kb < k_blocks; ++kb) {
         mbar_wait(&full[stage], phase);

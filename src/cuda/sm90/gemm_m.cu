@@ -354,9 +354,9 @@ bool fc2_dgrad_ew_asked() { return env_is("MXMOE_SM90_FC2_DGRAD", "ew"); }
 // So they were taken where 192 divides the width F (the GEMM's N: dH, before the GLU backward makes
 // dC [T, 2F] of it) and 256 does not: gptoss-120b, 7% of its FC2 dgrad. Session 18 caught this
 // kernel hung on the H200 (`mxmoe bench`, gptoss-120b bf16, about one run in four; cuda-gdb: the
-// warps of a consumer warp group out of step after a pair's dummy tile, gemm_kernel.cuh `drain`; the
-// fix has not run yet, docs/kernels/sm90_gemm.md), so the layer no longer takes it unasked:
-// MXMOE_SM90_FC2_DGRAD=ew only.
+// warps of a consumer warp group out of step after a pair's dummy tile, gemm_kernel.cuh `drain`;
+// fixed and verified in session 19, docs/kernels/sm90_gemm.md), so the layer stopped taking it
+// unasked; forced everywhere it then made no layer row faster, so it stays MXMOE_SM90_FC2_DGRAD=ew only.
 bool epilogue_warps_take(const detail::MGemmStep& s) {
   if (s.epilogue != detail::Epilogue::glu_backward || s.gemm.a.is_mxfp8()) return false;
   if (!(s.ffn % 8 == 0 && tma_aligned(s.c.data) && tma_aligned(s.out_bf16.data))) return false;
@@ -532,8 +532,9 @@ constexpr int64_t kMxGluBwdBf16MinK = 4096;
 bool mx_glu_backward_on_bf16(const detail::MGemmStep& s) {
   if (s.epilogue != detail::Epilogue::glu_backward || !s.gemm.a.is_mxfp8() || s.gemm.a.is_fp8_block()) return false;
   const char* e = std::getenv("MXMOE_SM90_MX_GLU_BWD");
-  if (e != nullptr && *e != '\0') return std::string(e) == "bf16" || std::string(e) == "bf16q";
-  return a_view(s).shape[1] >= kMxGluBwdBf16MinK;
+  if (e == nullptr || *e == '\0') return a_view(s).shape[1] >= kMxGluBwdBf16MinK;
+  const std::string v(e);
+  return v == "bf16" || v == "bf16q";
 }
 bool mx_glu_backward_quantizes_in_bf16_kernel() { return env_is("MXMOE_SM90_MX_GLU_BWD", "bf16q"); }
 }  // namespace

@@ -210,7 +210,7 @@ for s in $steps; do
     mxbf16)
       # The MXFP8 FC2 dgrad on BF16 operands (session 18; the default where K >= 4096 since session 19):
       # dY dequantized into a transient bf16 copy, the BF16 GLU-backward kernel, the quantizer on its
-      # bf16 dC, or (MXMOE_SM90_MX_GLU_BWD=bf16q, session 19, not yet run when written) dC quantized in
+      # bf16 dC, or (MXMOE_SM90_MX_GLU_BWD=bf16q; session 20: correct, slower) dC quantized in
       # that kernel's epilogue (Mx::q). The GLU and layer GPU tests with MXBF16_ON (default
       # MXMOE_SM90_MX_GLU_BWD=bf16q), then `mxmoe bench --recipe mxfp8` (MXBF16_ARGS, default every
       # preset but small) under MXBF16_OFF (default: none, the default route) and MXBF16_ON twice,
@@ -223,20 +223,19 @@ for s in $steps; do
       ab_bench mxbf16 "${MXBF16_OFF:-}" "$on" "${MXBF16_OFF:-default}" "$on" 60 --recipe mxfp8 ${MXBF16_ARGS:-}
       grep -E 'fc2_dgrad|layer_fwd_bwd' "$OUT/mxbf16_before_after.md" | head -24 ;;
     qdq)
-      # The weights' bf16 copies on the hardware conversions (quantize_experts.cu dequant8_fast,
-      # MXMOE_QDQ_CONVERT=fast; session 19, not yet run when written; the exact software path only for
-      # NaN bytes). The quantize and layer GPU tests with it on (bit for bit against the CPU, NaN / Inf
-      # / subnormal inputs included), memcheck over the expert-quantize ones, then `mxmoe bench
-      # --recipe mxfp8` (QDQ_ARGS, default every preset but small) without and with it, twice,
-      # interleaved -> $OUT/qdq_before_after.md (quantize_w*_copy, prepare_weights and layer rows).
-      MXMOE_QDQ_CONVERT=fast timeout 150 $B/tests/mxmoe_gpu_tests --gtest_filter='*GpuQuant*:*GpuLayer*' \
-        >"$OUT/qdq_tests.log" 2>&1
+      # The weights' bf16 copies on the hardware conversions (quantize_experts.cu dequant8_fast, the
+      # default since session 20; MXMOE_QDQ_CONVERT=exact decodes every value on the exact software
+      # path). The quantize and layer GPU tests (bit for bit against the CPU, NaN / Inf / subnormal
+      # inputs included), memcheck over the expert-quantize ones, then `mxmoe bench --recipe mxfp8`
+      # (QDQ_ARGS, default every preset but small) with exact and with the default, twice, interleaved
+      # -> $OUT/qdq_before_after.md (quantize_w*_copy, prepare_weights and layer rows).
+      timeout 150 $B/tests/mxmoe_gpu_tests --gtest_filter='*GpuQuant*:*GpuLayer*' >"$OUT/qdq_tests.log" 2>&1
       summary "qdq tests" "rc=$? $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/qdq_tests.log" | tr '\n' ' ')"
       grep -E '^\[  FAILED  \]' "$OUT/qdq_tests.log" | head -8
-      MXMOE_QDQ_CONVERT=fast timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/mxmoe_gpu_tests \
+      timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/mxmoe_gpu_tests \
         --gtest_filter='*GpuQuant*QuantizeExperts*' >"$OUT/qdq_memcheck.log" 2>&1
       summary "qdq memcheck" "rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/qdq_memcheck.log" | tail -1)"
-      ab_bench qdq "" MXMOE_QDQ_CONVERT=fast "exact dequant8" "hardware cvt" 60 --recipe mxfp8 ${QDQ_ARGS:-}
+      ab_bench qdq MXMOE_QDQ_CONVERT=exact "" "exact dequant8" "hardware cvt" 60 --recipe mxfp8 ${QDQ_ARGS:-}
       grep -E 'quantize_w|prepare_weights|layer_fwd_bwd' "$OUT/qdq_before_after.md" | head -40 ;;
     pingpong)
       # The GLU steps with pingpong consumers (session 17, not yet run when written): MXFP8 FC2 dgrad

@@ -43,7 +43,7 @@ __device__ __forceinline__ uint4 dequant8(uint2 q, Scale scale) {
 // 1656 SASS instructions (static) for its one 32-value block a thread, most of them the per-value NaN
 // branches of e4m3x2_f32 and the software bf16_from_f32; without the fallback this path is 520. dsv3's
 // W1 copy ran at 2.1 TB/s (1.78 ms for 3.8 GB moved), so likely issue-bound (not profiled).
-// exact_only: dequant8 everywhere (unless MXMOE_QDQ_CONVERT=fast, below).
+// exact_only: dequant8 everywhere (MXMOE_QDQ_CONVERT=exact, below).
 template <class Scale>
 __device__ __forceinline__ uint4 dequant8_fast(uint2 q, Scale scale, bool scale_nan, bool exact_only) {
   const uint32_t nan_bytes = (((q.x & 0x7f7f7f7fu) + 0x01010101u) | ((q.y & 0x7f7f7f7fu) + 0x01010101u)) & 0x80808080u;
@@ -55,12 +55,14 @@ __device__ __forceinline__ uint4 dequant8_fast(uint2 q, Scale scale, bool scale_
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
-// MXMOE_QDQ_CONVERT=fast (read per call; session 19, opt-in until it has run on a GPU: written after
-// the session's last device call that ran) takes dequant8_fast's hardware path; unset, the expert
-// dequantize and quantize-dequantize kernels decode every value on dequant8's exact path as before.
+// The expert dequantize and quantize-dequantize kernels take dequant8_fast's hardware path by default
+// (H200, session 20: the GPU quantize and layer tests bit for bit with it, memcheck clean;
+// prepare_weights 1.06-1.11x, the per-call W1/W2 copies 1.04-1.07x, the per-call MXFP8 layer
+// 1.01-1.07x, bench/results/2026-12-03-h200-sm90-s20-qdq.md). MXMOE_QDQ_CONVERT=exact (read per
+// call) decodes every value on dequant8's exact path, the before of that comparison.
 bool qdq_exact_only() {
   const char* e = std::getenv("MXMOE_QDQ_CONVERT");
-  return e == nullptr || std::string(e) != "fast";
+  return e != nullptr && std::string(e) == "exact";
 }
 
 // Rows of all experts over the grid (blocks stride over the E * rows rows), 8 consecutive values of

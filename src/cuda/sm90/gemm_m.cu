@@ -516,8 +516,9 @@ bool fp8_b_in_kernel() {
 // The MXFP8 FC2 dgrad on BF16 operands: dY's dequantized values in a transient bf16 copy
 // (cuda::dequantize) beside the weights' bf16 copy, through the BF16 GLU-backward kernel, whose bf16
 // dC the quantizer reads (or, with MXMOE_SM90_MX_GLU_BWD=bf16q, which quantizes dC in its epilogue:
-// Mx::q, where the fused epilogue takes the step; written in session 19 after its last GPU call
-// that ran, so opt-in until it has run). The GEMM's inputs are the values the Mx::a kernel
+// Mx::q, where the fused epilogue takes the step; opt-in: correct on the H200 in session 20 and
+// 0.69-0.92x as fast as the default on fc2_dgrad, bench/results/2026-12-03-h200-sm90-s20-mxbf16q.md,
+// the spilling epilogue costs more than the quantizer's pass). The GEMM's inputs are the values the Mx::a kernel
 // dequantizes in registers, so the outputs are the same up to accumulation order. Default where
 // K >= 4096: H200, session 19 (bench/results/2026-12-03-h200-sm90-s19-mxbf16.md, two interleaved
 // passes, every preset, both splits), this route runs the step 1.23-1.28x as fast as the Mx::a

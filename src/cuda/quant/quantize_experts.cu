@@ -42,7 +42,8 @@ __device__ __forceinline__ uint4 dequant8(uint2 q, Scale scale) {
 // path, which keeps the host's NaN bits. Session 19: the row-wise qdq kernel on dequant8 alone was
 // 1656 SASS instructions (static) for its one 32-value block a thread, most of them the per-value NaN
 // branches of e4m3x2_f32 and the software bf16_from_f32; without the fallback this path is 520. dsv3's
-// W1 copy ran at 2.1 TB/s (1.78 ms for 3.8 GB moved), so likely issue-bound (not profiled).
+// W1 copy ran at 2.1 TB/s (1.78 ms for 3.8 GB moved) on the exact path, 2.3 TB/s (1.66 ms) on this one
+// (session 20): so the instruction count was not all that held it (not profiled).
 // exact_only: dequant8 everywhere (MXMOE_QDQ_CONVERT=exact, below).
 template <class Scale>
 __device__ __forceinline__ uint4 dequant8_fast(uint2 q, Scale scale, bool scale_nan, bool exact_only) {

@@ -518,12 +518,12 @@ bool fp8_b_in_kernel() {
 // dC the quantizer reads (or, with MXMOE_SM90_MX_GLU_BWD=bf16q, which quantizes dC in its epilogue:
 // Mx::q, where the fused epilogue takes the step; opt-in: correct on the H200 in session 20 and
 // 0.69-0.92x as fast as the default on fc2_dgrad, bench/results/2026-12-03-h200-sm90-s20-mxbf16q.md,
-// the spilling epilogue costs more than the quantizer's pass). The GEMM's inputs are the values the Mx::a kernel
-// dequantizes in registers, so the outputs are the same up to accumulation order. Default where
-// K >= 4096: H200, session 19 (bench/results/2026-12-03-h200-sm90-s19-mxbf16.md, two interleaved
-// passes, every preset, both splits), this route runs the step 1.23-1.28x as fast as the Mx::a
-// kernel at K = 4096 and 7168 (mixtral, dsv3), 0.99-1.07x at K = 2880 (gptoss-120b) and 0.91-0.94x
-// at K = 2048 (qwen3-30b): the Mx::a k-loop converts every A fragment in registers (32 F2FP, 32 HADD2
+// the spilling epilogue costs more than the quantizer's pass). The GEMM's inputs are the values the
+// Mx::a kernel dequantizes in registers, so the outputs are the same up to accumulation order.
+// Default where K >= 4096: H200, session 19 (bench/results/2026-12-03-h200-sm90-s19-mxbf16.md, two
+// interleaved passes, every preset, both splits), this route runs the step 1.23-1.28x as fast as the
+// Mx::a kernel at K = 4096 and 7168 (mixtral, dsv3), 0.99-1.07x at K = 2880 (gptoss-120b) and
+// 0.91-0.94x at K = 2048 (qwen3-30b): the Mx::a k-loop converts every A fragment in registers (32 F2FP, 32 HADD2
 // and 32 FMUL per k-block beside 4 HGMMA), which a long K pays for longer than one dequantizing
 // pass over dY. It costs a transient T x K bf16 copy of dY and a staged bf16 dC.
 // MXMOE_SM90_MX_GLU_BWD (read per call): `bf16` takes this route at every K, `bf16q` with Mx::q;

@@ -26,6 +26,37 @@ class RefusingBackend : public Backend {
   void unpermute_rows(Context&, const UnpermuteArgs&) override { refuse(Step::unpermute_rows); }
   void permute_quantize_rows(Context&, const PermuteQuantizeStep&) override { refuse(Step::permute_rows); }
 
+ protected:
+  // The step probe of a backend that runs the grouped GEMMs alone (cuda_sm90, cuda_sm100): gemm_m and
+  // gemm_k by its refusal functions (an empty string takes the step), every other step refused with
+  // the backend that serves it. arch names the backend's kernels in the reasons ("sm90").
+  template <class MRefusal, class KRefusal>
+  static Probe gemm_only_probe(const StepQuery& q, const char* arch, MRefusal m_refusal, KRefusal k_refusal) {
+    std::string why;
+    switch (q.step) {
+      case Step::gemm_m:
+        if (q.gemm_m == nullptr) return {false, "internal: the dispatch query carries no m-grouped step"};
+        why = m_refusal(*q.gemm_m);
+        return {why.empty(), why};
+      case Step::gemm_k:
+        if (q.gemm_k == nullptr) return {false, "internal: the dispatch query carries no k-grouped step"};
+        why = k_refusal(*q.gemm_k);
+        return {why.empty(), why};
+      case Step::quantize:
+      case Step::dequantize:
+      case Step::quantize_experts:
+        return {false,
+                std::string("no ") + arch + " quantizer of its own: cuda_portable's one-pass quantizer serves it"};
+      case Step::fc2_bias_grads:
+        return {false, "a memory-bound column reduction: cuda_portable's kernel serves it"};
+      case Step::route_tokens:
+      case Step::permute_rows:
+      case Step::unpermute_rows:
+        return {false, "token permute/unpermute is not implemented on this backend"};
+    }
+    return {false, "unknown step"};
+  }
+
  private:
   [[noreturn]] void refuse(Step s) const {
     throw Error("backend", std::string(name()) + " cannot run " + to_string(s) + ": " + why_);

@@ -51,28 +51,7 @@ class CudaSm100Backend final : public detail::RefusingBackend {
     if (gemm && q.recipe != Recipe::mxfp8)
       return {false, std::string("the ") + to_string(q.recipe) +
                          " recipe: cuda_sm100 runs MXFP8 GEMMs only (block-scaled tcgen05 MMA, E8M0 scales per 32)"};
-    std::string why;
-    switch (q.step) {
-      case detail::Step::gemm_m:
-        if (q.gemm_m == nullptr) return {false, "internal: the dispatch query carries no m-grouped step"};
-        why = gemm_m_refusal(*q.gemm_m);
-        return {why.empty(), why};
-      case detail::Step::gemm_k:
-        if (q.gemm_k == nullptr) return {false, "internal: the dispatch query carries no k-grouped step"};
-        why = gemm_k_refusal(*q.gemm_k);
-        return {why.empty(), why};
-      case detail::Step::quantize:
-      case detail::Step::dequantize:
-      case detail::Step::quantize_experts:
-        return {false, "no sm100 quantizer of its own: cuda_portable's one-pass quantizer serves it"};
-      case detail::Step::fc2_bias_grads:
-        return {false, "a memory-bound column reduction: cuda_portable's kernel serves it"};
-      case detail::Step::route_tokens:
-      case detail::Step::permute_rows:
-      case detail::Step::unpermute_rows:
-        return {false, "token permute/unpermute is not implemented on this backend"};
-    }
-    return {false, "unknown step"};
+    return gemm_only_probe(q, "sm100", gemm_m_refusal, gemm_k_refusal);
 #else
     return {false, kBuildProblem};
 #endif

@@ -52,28 +52,7 @@ class CudaSm90Backend final : public detail::RefusingBackend {
       return {false, "this fp8_blockwise GEMM with fp32 (not power-of-two) scales needs the FP8-wgmma kernels, which do "
                      "not take it here (shape rules, or MXMOE_SM90_FP8_BLOCK=forward/dequant); power-of-two scales "
                      "(pow2_scales) run on the dequantized BF16 path"};
-    std::string why;
-    switch (q.step) {
-      case detail::Step::gemm_m:
-        if (q.gemm_m == nullptr) return {false, "internal: the dispatch query carries no m-grouped step"};
-        why = gemm_m_refusal(*q.gemm_m);
-        return {why.empty(), why};
-      case detail::Step::gemm_k:
-        if (q.gemm_k == nullptr) return {false, "internal: the dispatch query carries no k-grouped step"};
-        why = gemm_k_refusal(*q.gemm_k);
-        return {why.empty(), why};
-      case detail::Step::quantize:
-      case detail::Step::dequantize:
-      case detail::Step::quantize_experts:
-        return {false, "no sm90 quantizer of its own: cuda_portable's one-pass quantizer serves it"};
-      case detail::Step::fc2_bias_grads:
-        return {false, "a memory-bound column reduction: cuda_portable's kernel serves it"};
-      case detail::Step::route_tokens:
-      case detail::Step::permute_rows:
-      case detail::Step::unpermute_rows:
-        return {false, "token permute/unpermute is not implemented on this backend yet"};
-    }
-    return {false, "unknown step"};
+    return gemm_only_probe(q, "sm90", gemm_m_refusal, gemm_k_refusal);
 #else
     return {false, kBuildProblem};
 #endif

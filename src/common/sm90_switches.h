@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "src/common/env.h"
+
 namespace mxmoe {
 
 enum class Sm90Fp8Block { all, forward, dequant };
@@ -25,9 +27,6 @@ inline Sm90Fp8Block sm90_fp8_block_mode() {
 // copy its GEMM reads, made just before that GEMM and freed after it (no FP8 weight bytes kept);
 // MXMOE_SM90_MX_WEIGHTS=fp8 keeps FP8 copies for the whole call, each GEMM dequantizing its own into
 // a transient bf16 copy (the route before session 15), for comparison runs.
-inline bool sm90_mx_weights_fp8() {
-  const char* v = std::getenv("MXMOE_SM90_MX_WEIGHTS");
-  return v != nullptr && std::strcmp(v, "fp8") == 0;
-}
+inline bool sm90_mx_weights_fp8() { return env_is("MXMOE_SM90_MX_WEIGHTS", "fp8"); }
 
 }  // namespace mxmoe

@@ -4,9 +4,7 @@
 // per expert) or column-wise (32x1 blocks along rows, each matrix one group of `rows`,
 // colwise_matrix_scale_bytes per expert). Same kernel as cuda::quantize, one grid row per expert.
 // Run: <build>/tests/mxmoe_gpu_tests --gtest_filter='*GpuQuant.QuantizeExperts*'
-#include <cstdlib>
-#include <string>
-
+#include "src/common/env.h"
 #include "src/cuda/common/check.h"
 #include "src/cuda/common/convert.cuh"
 #include "src/cuda/common/workspace.h"
@@ -61,10 +59,7 @@ __device__ __forceinline__ uint4 dequant8_fast(uint2 q, Scale scale, bool scale_
 // prepare_weights 1.06-1.11x, the per-call W1/W2 copies 1.04-1.07x, the per-call MXFP8 layer
 // 1.01-1.07x, bench/results/2026-12-03-h200-sm90-s20-qdq.md). MXMOE_QDQ_CONVERT=exact (read per
 // call) decodes every value on dequant8's exact path, the before of that comparison.
-bool qdq_exact_only() {
-  const char* e = std::getenv("MXMOE_QDQ_CONVERT");
-  return e != nullptr && std::string(e) == "exact";
-}
+bool qdq_exact_only() { return env_is("MXMOE_QDQ_CONVERT", "exact"); }
 
 // Rows of all experts over the grid (blocks stride over the E * rows rows), 8 consecutive values of
 // a row per thread and step when cols % 8 == 0 (else 1): index math per row and chunk, not per value.

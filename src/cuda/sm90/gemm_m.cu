@@ -332,11 +332,6 @@ void finish_gemm_m(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t s
   }
 }
 
-bool env_is(const char* name, const char* value) {
-  const char* e = std::getenv(name);
-  return e != nullptr && std::string(e) == value;
-}
-
 namespace {
 // MXMOE_SM90_FC2_DGRAD (read per call, as the MXFP8 switches): "ew" takes the epilogue warps wherever
 // they can run; "pp" pingpong consumers where no db1 is summed; unset or anything else ("glu"), the
@@ -523,9 +518,9 @@ bool fp8_b_in_kernel() {
 // Default where K >= 4096: H200, session 19 (bench/results/2026-12-03-h200-sm90-s19-mxbf16.md, two
 // interleaved passes, every preset, both splits), this route runs the step 1.23-1.28x as fast as the
 // Mx::a kernel at K = 4096 and 7168 (mixtral, dsv3), 0.99-1.07x at K = 2880 (gptoss-120b) and
-// 0.91-0.94x at K = 2048 (qwen3-30b): the Mx::a k-loop converts every A fragment in registers (32 F2FP, 32 HADD2
-// and 32 FMUL per k-block beside 4 HGMMA), which a long K pays for longer than one dequantizing
-// pass over dY. It costs a transient T x K bf16 copy of dY and a staged bf16 dC.
+// 0.91-0.94x at K = 2048 (qwen3-30b): the Mx::a k-loop converts every A fragment in registers (32
+// F2FP, 32 HADD2 and 32 FMUL per k-block beside 4 HGMMA), which a long K pays for longer than one
+// dequantizing pass over dY. It costs a transient T x K bf16 copy of dY and a staged bf16 dC.
 // MXMOE_SM90_MX_GLU_BWD (read per call): `bf16` takes this route at every K, `bf16q` with Mx::q;
 // `mx` (or any of the other values: pp, ew, ew128) keeps A in MXFP8.
 namespace {

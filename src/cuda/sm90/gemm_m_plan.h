@@ -6,6 +6,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include "src/common/env.h"
 #include "src/cuda/common/workspace.h"
 #include "src/cuda/sm90/params.h"
 #include "src/dispatch/backend.h"
@@ -36,8 +37,6 @@ void launch_gemm_m_mx_ew(const MPlan& plan, int bn, cudaStream_t stream);
 // MXMOE_SM90_MX_GLU_BWD (read per call, comparison runs): `ew` (192-wide tiles) or `ew128` runs the
 // MXFP8 GLU backward with epilogue warps; 0 otherwise (the in-line epilogue kernels).
 int mx_epilogue_warps_n();
-// Whether environment variable `name` is set to `value` (the backend's opt-in switches; gemm_m.cu).
-bool env_is(const char* name, const char* value);
 // MXMOE_SM90_FP8_B=convert: MXFP8 B of the store epilogue stays FP8 (gemm_kernel.cuh Mx::ab).
 bool fp8_b_in_kernel();
 // fp8_blockwise dgrads and wgrads on FP8 wgmma (read per call: off with MXMOE_SM90_FP8_BLOCK=forward

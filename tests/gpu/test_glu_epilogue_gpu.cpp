@@ -391,7 +391,8 @@ TEST_P(GpuGluBackward, QuantizedOutputIsTheQuantizationOfItsBf16) {
     }
   // F = 272, halves: a row-wise block of dC holds a's last 16 columns and b's first 16.
   for (ScaleLayout sl : {ScaleLayout::compact, ScaleLayout::swizzled})
-    expect_glu_backward_quantized_exact(backend(), GluCase{.sizes = {41, 0, 97}, .h = 256, .f = 272, .scale_layout = sl});
+    expect_glu_backward_quantized_exact(backend(),
+                                        GluCase{.sizes = {41, 0, 97}, .h = 256, .f = 272, .scale_layout = sl});
   expect_glu_backward_quantized_exact(backend(), GluCase{.sizes = {0, 0}, .h = 64, .f = 64});
 #endif
 }
@@ -414,7 +415,7 @@ TEST_P(GpuGluBackward, MatchesCpuBothRecipesActivationsAndLayouts) {
 // K = 4096, so these shapes run 128-wide unforced), epilogue warps on 192- and 128-wide tiles with the A
 // scales from L2 (MXMOE_SM90_MX_GLU_BWD=ew / ew128), pingpong (pp), BF16 operands through the BF16 kernel
 // and the quantizer (bf16; the default from K = 4096), the same with dC quantized in the BF16 kernel's
-// epilogue (bf16q: Mx::q where F % 32 = 0; the quantizer for the third case's F = 720), the Mx::a
+// epilogue (bf16q: Mx::q where F % 32 = 0, as in every case here that asks for MXFP8 dC), the Mx::a
 // kernel at every K (mx), and no switch (the case at K = 4160 takes the BF16 route unforced). Several
 // n-tiles and a partial last one, groups ending inside tiles, both GLU and scale layouts, MXFP8 and
 // bf16 dC. Other backends ignore them.

@@ -313,18 +313,24 @@ for s in $steps; do
       grep -E "Duration|DRAM Throughput|Memory Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Achieved Occupancy" \
         "$OUT/dequant_ncu_details.txt" | head -10 ;;
     ep)
-      # Expert parallelism on two GPUs (kind nvidia-h200-x2; issue 12): the NCCL equality test of
-      # python/tests/test_ep.py, then bench/ep_bench.py (dispatch + combine against a raw
-      # all_to_all_single of the same bytes, the layer at EP=2 against one GPU; EP_ARGS adds options),
-      # NVLink multicast off. $OUT gets ep_bench.json, .md and .png.
+      # Expert parallelism (issue 12): python/tests/test_ep.py (on two GPUs, kind nvidia-h200-x2, the
+      # NCCL equality and CUDA-graph tests; on one GPU, two gloo ranks sharing it and one-rank NCCL),
+      # then bench/ep_bench.py at EP_WORLD (default: 2 where two GPUs exist, else 1, where the
+      # all-to-all is a copy within the GPU: a check of the script and of the module's own overhead,
+      # not the bar): dispatch + combine against a raw all_to_all_single of the same bytes, the layer
+      # at EP=world against one GPU; EP_ARGS adds options. NVLink multicast off. $OUT gets
+      # ep_bench.json, .md and .png.
       if [ -f $B/python/libmxmoe_torch.so ]; then
         export NCCL_NVLS_ENABLE=0
+        n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+        ep_world=${EP_WORLD:-$((n_gpu >= 2 ? 2 : 1))}
+        summary "ep" "$n_gpu GPU(s), bench at world $ep_world"
         PYTHONPATH=python MXMOE_TORCH_LIBRARY="$PWD/$B/python/libmxmoe_torch.so" timeout 300 \
           python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_ep.py >"$OUT/ep_test.log" 2>&1
         summary "ep tests" "rc=$? $(tail -1 "$OUT/ep_test.log")"
         [ -s .scratch/commit.txt ] && export MXMOE_TREE="$(cat .scratch/commit.txt) (from .scratch/commit.txt)"
         PYTHONPATH=python MXMOE_TORCH_LIBRARY="$PWD/$B/python/libmxmoe_torch.so" PYTHONUNBUFFERED=1 timeout 300 \
-          python3 bench/ep_bench.py --out-dir "$OUT" ${EP_ARGS:-} >"$OUT/ep_bench.log" 2>&1
+          python3 bench/ep_bench.py --world "$ep_world" --out-dir "$OUT" ${EP_ARGS:-} >"$OUT/ep_bench.log" 2>&1
         summary "ep bench" "rc=$?"
         [ -f "$OUT/ep_bench.md" ] && head -60 "$OUT/ep_bench.md"
       else

@@ -50,7 +50,10 @@ included) against the expressions autograd differentiates.
 The NCCL path (two GPUs, the same worker with backend "nccl") is skipped with a reason when fewer
 than two GPUs exist, as is test_static_capacity_captures_in_a_cuda_graph_nccl: the static-capacity
 mode (no host read) captured in one CUDA graph, forward and backward, replayed on new batches, equal
-to eager runs, both recipes.
+to eager runs, both recipes. What one GPU can check runs there: two gloo ranks sharing the GPU (every
+mxmoe step on the GPU, gloo moving the CUDA tensors through host memory), and NCCL with a group of one
+(the equality without a capacity, and the CUDA-graph capture). A group of one also runs on the CPU
+(gloo): EP = 1 holds every expert and brings the global batch, so its rows are the reference's.
 
 Run: PYTHONPATH=python MXMOE_TORCH_LIBRARY=<build>/python/libmxmoe_torch.so python -m pytest python/tests/test_ep.py
 """
@@ -130,21 +133,40 @@ def make_layer(full, recipe, experts, device):
     return layer
 
 
-def _worker(rank, init_method, backend, out_dir):
+def _worker_device(rank, placement):
+    """Where a rank computes: "cpu"; "cuda" (rank r on cuda:r, the NCCL runs); "cuda:0" (every rank on
+    the one GPU: the gloo run on a one-GPU machine, gloo moving CUDA tensors through host memory)."""
+    if placement == "cuda":
+        return torch.device("cuda", rank)
+    return torch.device(placement)
+
+
+def _rank_batch(ranks, rank, world):
+    """A rank's tokens. With one rank it brings every rank's tokens (the global batch), so the
+    reference's rows are its rows."""
+    if world == len(ranks):
+        return ranks[rank]
+    assert world == 1
+    return tuple(torch.cat([r[j] for r in ranks]) for j in range(4))
+
+
+def _worker(rank, init_method, backend, out_dir, placement="cpu", world=WORLD):
     torch.set_num_threads(1)
-    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    device = _worker_device(rank, placement)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=WORLD)
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world)
     try:
         results = []
         for i, (recipe, factor, bias, tokens, invalid, fp8) in enumerate(CASES):
+            if world == 1 and factor is not None:
+                continue  # a capacity per source rank: the reference's drops are those of WORLD ranks
             full, ranks = make_data(i, recipe, bias, tokens, invalid)
             ep = mxmoe_torch.ExpertParallelMLP.from_grouped_mlp(make_layer(full, recipe, E, device),
                                                                 capacity_factor=factor, fp8_dispatch=fp8,
                                                                 device=device)
             assert ep.fp8_dispatch == fp8
-            x, ids, probs, dy = (t.to(device) for t in ranks[rank])
+            x, ids, probs, dy = (t.to(device) for t in _rank_batch(ranks, rank, world))
             x.requires_grad_(True)
             probs.requires_grad_(True)
             y = ep(x, ids, probs)
@@ -199,32 +221,42 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_and_compare(backend, tmp_path, device):
+def run_and_compare(backend, tmp_path, device, placement="cpu", world=WORLD):
+    """Runs _worker on `world` processes (placement: _worker_device) and compares every rank's outputs
+    and gradients with the single-process layer on `device`. With world = 1 the one rank holds every
+    expert and brings the global batch (the capacity cases, whose drops are per source rank, are left
+    out)."""
     init_method = f"tcp://127.0.0.1:{free_port()}"
-    mp.spawn(_worker, args=(init_method, backend, str(tmp_path)), nprocs=WORLD, join=True)
-    got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    mp.spawn(_worker, args=(init_method, backend, str(tmp_path), placement, world), nprocs=world, join=True)
+    got = [iter(torch.load(tmp_path / f"rank{r}.pt")) for r in range(world)]
+    compared = 0
     for i, (recipe, factor, bias, tokens, invalid, fp8) in enumerate(CASES):
+        if world == 1 and factor is not None:
+            continue
+        mine = [next(g) for g in got]
         want, dropped = reference(i, recipe, factor, bias, tokens, invalid, fp8, device)
         name = f"case {i} recipe={recipe} capacity_factor={factor} bias={bias} tokens={tokens} fp8_dispatch={fp8}"
         if factor is not None:
             assert dropped > 0, f"{name}: the capacity should drop rows"
-        for r in range(WORLD):
-            rows = slice(sum(tokens[:r]), sum(tokens[:r + 1]))
+        for r in range(world):
+            rows = slice(sum(tokens[:r]), sum(tokens[:r + 1])) if world == len(tokens) else slice(None)
             for key in ("y", "dx", "dprobs"):
-                diff = (got[r][i][key].float() - want[key][rows].float()).abs().max().item()
+                diff = (mine[r][key].float() - want[key][rows].float()).abs().max().item()
                 print(f"{name} rank {r} {key}: max |diff| {diff}")
-                assert torch.equal(got[r][i][key], want[key][rows]), f"{name} rank {r} {key}: max |diff| {diff}"
-            s = slice(*got[r][i]["slice"])
+                assert torch.equal(mine[r][key], want[key][rows]), f"{name} rank {r} {key}: max |diff| {diff}"
+            s = slice(*mine[r]["slice"])
             for key in ("w1", "w2", "b1", "b2"):
                 if key not in want:
                     continue
-                g, w = got[r][i][key], want[key][s]
+                g, w = mine[r][key], want[key][s]
                 err = rel_error(g, w)
                 print(f"{name} rank {r} d{key}: rel error {err:.3g}, bit-exact {torch.equal(g, w)}")
                 if factor is None:
                     assert torch.equal(g, w), f"{name} rank {r} d{key}: rel error {err}"
                 else:
                     assert err <= DW_TOLERANCE[recipe], f"{name} rank {r} d{key}: rel error {err}"
+        compared += 1
+    assert compared == sum(1 for c in CASES if world > 1 or c[1] is None) > 0
 
 
 def test_expert_parallel_gloo(tmp_path):
@@ -233,34 +265,58 @@ def test_expert_parallel_gloo(tmp_path):
     run_and_compare("gloo", tmp_path, torch.device("cpu"))
 
 
-def _skip_unless_two_gpus(what):
+def test_expert_parallel_gloo_one_rank(tmp_path):
+    """A group of one (EP = 1: every expert local, the global batch), the cases without a capacity."""
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    run_and_compare("gloo", tmp_path, torch.device("cpu"), world=1)
+
+
+def _skip_unless_gpus(what, n_needed, backend="nccl"):
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if n < 2:
-        pytest.skip(f"{what} needs 2 GPUs, found {n}")
-    if not dist.is_nccl_available():
+    if n < n_needed:
+        pytest.skip(f"{what} needs {n_needed} GPU{'s' if n_needed > 1 else ''}, found {n}")
+    if backend == "nccl" and not dist.is_nccl_available():
         pytest.skip("torch.distributed was built without NCCL")
-
-
-def test_expert_parallel_nccl(tmp_path):
-    _skip_unless_two_gpus("the NCCL expert-parallel test")
+    if backend == "gloo" and not dist.is_gloo_available():
+        pytest.skip("torch.distributed was built without gloo")
     try:  # the permute steps need a CUDA backend (cuda_portable)
         mxmoe_torch.permute(torch.zeros(1, H, dtype=torch.bfloat16, device="cuda"),
                             torch.zeros(1, K, dtype=torch.int32, device="cuda"), experts=E)
     except RuntimeError as error:
         pytest.skip(f"mxmoe permute does not run on CUDA in this build: {error}")
-    run_and_compare("nccl", tmp_path, torch.device("cuda", 0))
+
+
+def test_expert_parallel_nccl(tmp_path):
+    _skip_unless_gpus("the NCCL expert-parallel test", 2)
+    run_and_compare("nccl", tmp_path, torch.device("cuda", 0), placement="cuda")
+
+
+def test_expert_parallel_gloo_two_ranks_on_one_gpu(tmp_path):
+    """What a one-GPU machine can check of the GPU side: two ranks on cuda:0, gloo moving the CUDA
+    tensors (through host memory), every mxmoe step (permute, quantize and pack, regroup, the local
+    layer, unpermute) on the GPU; every case, equal to the single-process layer on the GPU."""
+    _skip_unless_gpus("the GPU gloo expert-parallel test", 1, backend="gloo")
+    run_and_compare("gloo", tmp_path, torch.device("cuda", 0), placement="cuda:0")
+
+
+def test_expert_parallel_nccl_one_rank(tmp_path):
+    """NCCL with a group of one (every expert local, the global batch): the module's collectives through
+    NCCL on one GPU, equal to the single-process layer (the cases without a capacity)."""
+    _skip_unless_gpus("the one-rank NCCL expert-parallel test", 1)
+    run_and_compare("nccl", tmp_path, torch.device("cuda", 0), placement="cuda", world=1)
 
 
 GRAPH_CASES = [("bf16", False), ("mxfp8", True)]  # (recipe, fp8_dispatch), static capacity 0.75
 
 
-def _graph_worker(rank, init_method, out_dir):
+def _graph_worker(rank, init_method, out_dir, world=WORLD):
     """The static-capacity mode (no host read) captured in one CUDA graph, forward and backward, then
     replayed on two new batches copied into the captured inputs: every output and gradient of each
     replay must equal an eager run on the same batch."""
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
-    dist.init_process_group("nccl", init_method=init_method, rank=rank, world_size=WORLD)
+    dist.init_process_group("nccl", init_method=init_method, rank=rank, world_size=world)
     try:
         report = []
         for c, (recipe, fp8) in enumerate(GRAPH_CASES):
@@ -316,16 +372,27 @@ def _graph_worker(rank, init_method, out_dir):
         dist.destroy_process_group()
 
 
-def test_static_capacity_captures_in_a_cuda_graph_nccl(tmp_path):
-    _skip_unless_two_gpus("the NCCL CUDA-graph test")
+def _run_graph_test(tmp_path, world):
     init_method = f"tcp://127.0.0.1:{free_port()}"
-    mp.spawn(_graph_worker, args=(init_method, str(tmp_path)), nprocs=WORLD, join=True)
-    for r in range(WORLD):
+    mp.spawn(_graph_worker, args=(init_method, str(tmp_path), world), nprocs=world, join=True)
+    for r in range(world):
         report = torch.load(tmp_path / f"graph{r}.pt")
         assert len(report) == 2 * len(GRAPH_CASES)
         for recipe, b, same in report:
             print(f"rank {r} {recipe} replay {b}: equal to eager {same}")
             assert all(same), f"rank {r} {recipe} replay {b}: y, dx, dprobs, dW equal to eager: {same}"
+
+
+def test_static_capacity_captures_in_a_cuda_graph_nccl(tmp_path):
+    _skip_unless_gpus("the NCCL CUDA-graph test", 2)
+    _run_graph_test(tmp_path, WORLD)
+
+
+def test_static_capacity_captures_in_a_cuda_graph_nccl_one_rank(tmp_path):
+    """The capture with a group of one on one GPU: the NCCL collectives (a group of one still runs its
+    all_to_all_single through NCCL) inside the graph, replays equal to eager."""
+    _skip_unless_gpus("the one-rank NCCL CUDA-graph test", 1)
+    _run_graph_test(tmp_path, 1)
 
 
 def test_regroup_index():

@@ -135,18 +135,24 @@ def _unpack_rows(packed, hidden):
     return packed[:, :hidden], packed[:, hidden:width], packed[:, width:].view(torch.float32).view(n)
 
 
-def _regroup(t, order, out=None):
+def _regroup(t, order, out=None, copy=False):
     """The rows of t [n, ...] (received order) in the local order: order is an int64 index [n] (local row
-    j = received row order[j], _regroup_index_n's inv) or (W, L, C), the capacity mode's blocks ([W, L, C]
-    -> [L, W, C]). Without out, the expressions the bf16 dispatch differentiates through (index_select;
-    reshape, transpose, reshape: a view where no copy is needed); with out (contiguous, t's shape and
+    j = received row order[j], _regroup_index_n's inv), (W, L, C), the capacity mode's blocks ([W, L, C]
+    -> [L, W, C]), or None (the received order is the local order). Without out, the expressions the
+    bf16 dispatch's gradient mirrors (_ungroup: index_select; reshape, transpose, reshape: a view where
+    no copy is needed; t itself for None), contiguous where copy; with out (contiguous, t's shape and
     dtype), written there."""
+    if order is None:
+        if out is not None:
+            return out.copy_(t)
+        return t.contiguous() if copy else t
     if isinstance(order, torch.Tensor):
         return t.index_select(0, order) if out is None else torch.index_select(t, 0, order, out=out)
     W, L, C = order
     rest = tuple(t.shape[1:])
     if out is None:
-        return t.reshape((W, L, C) + rest).transpose(0, 1).reshape((W * L * C,) + rest)
+        r = t.reshape((W, L, C) + rest).transpose(0, 1).reshape((W * L * C,) + rest)
+        return r.contiguous() if copy else r
     out.view((L, W, C) + rest).copy_(t.view((W, L, C) + rest).transpose(0, 1))
     return out
 
@@ -155,73 +161,104 @@ def _ungroup(g, order, n):
     """The gradient of _regroup(t, order) for t with n rows, given that of its result: the very ops autograd
     runs for _regroup's expressions (index_select's backward; the reshapes' and the transpose's)."""
     rest = list(g.shape[1:])
+    if order is None:
+        return g
     if isinstance(order, torch.Tensor):
         return torch.ops.aten.index_select_backward(g, [n] + rest, 0, order)
     W, L, C = order
     return g.reshape([L, W, C] + rest).transpose(0, 1).reshape([n] + rest)
 
 
-class _Mxfp8Dispatch(torch.autograd.Function):
-    """The MXFP8 dispatch: bf16 rows x [n_send, H] and their float32 probabilities [n_send] -> this rank's
-    rows, regrouped by `order` (_regroup): (bf16 [n_recv, H], float32 [n_recv]). The sender quantizes the
-    rows row-wise and packs each row's E4M3 bytes, scale bytes and probability into one uint8 row
-    (_pack_rows): ONE all_to_all_single. The receiver splits the packed rows with views and regroups
-    them while compacting: the E4M3 bytes into a contiguous [n_recv, H], the scale rows straight into the
-    compact scale matrix dequantize_mxfp8 reads (roundup(n_recv, 128) rows, the padding rows zeroed), the
-    probabilities into [n_recv]; then one dequantization to bf16 (exact). Backward: the gradients are
-    un-regrouped (the ops autograd ran before, _ungroup) and go back by the reverse all_to_all, the rows'
-    in bf16 (straight through the quantization), the probabilities' in float32, one collective each
-    (each only where its input needs a gradient, as two separate all-to-alls did)."""
+def _exchange(pairs, output_splits, input_splits, group):
+    """all_to_all_single of every (out, inp) pair, all launched before any is waited for; returns the
+    works (wait() each before reading its out). On NCCL the calls queue on the communication stream,
+    so device work queued on the current stream meanwhile runs beside them."""
+    return [dist.all_to_all_single(out, inp, output_split_sizes=output_splits, input_split_sizes=input_splits,
+                                   group=group, async_op=True) for out, inp in pairs]
+
+
+def _wait(works):
+    for work in works:
+        work.wait()
+
+
+class _Dispatch(torch.autograd.Function):
+    """Rows x [n_send, H] (bf16) and their float32 probabilities [n_send] to their ranks, regrouped in the
+    local order: (bf16 [n_recv, H], float32 [n_recv], dest). `plan` is called once the exchange is
+    launched (so its device work runs beside the collectives) and returns (order, dest): order for
+    _regroup (an int64 index, the capacity mode's (W, L, C) blocks, or None where the received order is
+    already the local one: one rank, or one local expert), dest the index the results go back by
+    (None: the local order is the received order; a non-differentiable output).
+
+    bf16 rows (packed None): the rows and the probabilities by two all-to-alls, then the regrouping.
+    MXFP8 rows: packed is _pack_rows(x, probs) (made by the caller, before the host read of the splits);
+    ONE all_to_all_single; the receiver splits the packed rows with views and regroups them while
+    compacting: the E4M3 bytes into a contiguous [n_recv, H], the scale rows straight into the compact
+    scale matrix dequantize_mxfp8 reads (roundup(n_recv, 128) rows, the padding rows zeroed), the
+    probabilities into [n_recv]; then one dequantization to bf16 (exact).
+
+    Backward: the gradients are un-regrouped (the ops autograd runs for _regroup's expressions,
+    _ungroup) and go back by the reverse all_to_all, the rows' in bf16 (straight through the MXFP8
+    quantization), the probabilities' in float32, one collective each (each only where its input needs
+    a gradient), both launched before either is waited for."""
 
     @staticmethod
-    def forward(ctx, x, probs, order, output_splits, input_splits, group):
+    def forward(ctx, x, probs, packed, plan, output_splits, input_splits, group):
         ctx.group = group
         ctx.output_splits, ctx.input_splits = output_splits, input_splits
         n_send, hidden = x.shape
         n_recv = sum(output_splits) if output_splits is not None else n_send
         ctx.n_recv = n_recv
-        if isinstance(order, torch.Tensor):
-            ctx.save_for_backward(order)
-            ctx.blocks = None
+        if packed is None:
+            recv_x = x.new_empty((n_recv, hidden))
+            recv_p = probs.new_empty((n_recv,))
+            works = _exchange([(recv_x, x.contiguous()), (recv_p, probs.contiguous())], output_splits,
+                              input_splits, group)
         else:
-            ctx.blocks = order
-        send = _pack_rows(x, probs)
-        recv = send.new_empty((n_recv, send.shape[1]))
-        dist.all_to_all_single(recv, send, output_split_sizes=output_splits, input_split_sizes=input_splits,
-                               group=group)
-        del send
+            recv = packed.new_empty((n_recv, packed.shape[1]))
+            works = _exchange([(recv, packed)], output_splits, input_splits, group)
+        order, dest = plan()
+        _wait(works)
+        ctx.order = order if not isinstance(order, torch.Tensor) else None
+        ctx.save_for_backward(*([order] if isinstance(order, torch.Tensor) else []))
+        if dest is not None:
+            ctx.mark_non_differentiable(dest)
+        if packed is None:
+            return _regroup(recv_x, order, copy=True), _regroup(recv_p, order, copy=True), dest
+        del packed
         q, s, p = _unpack_rows(recv, hidden)
         # The bytes move as 4-byte words (H and the scale columns are multiples of 4).
         scales = recv.new_empty(((n_recv + 127) // 128 * 128, s.shape[1]))
         scales[n_recv:].zero_()
         _regroup(s.view(torch.int32), order, out=scales[:n_recv].view(torch.int32))
         # Contiguous E4M3 rows (one copy, the regrouping's), which dequantize_mxfp8 reads in place.
-        q = _regroup(q.view(torch.int32), order).contiguous().view(torch.float8_e4m3fn)
+        q = _regroup(q.view(torch.int32), order, copy=True).view(torch.float8_e4m3fn)
         local_x = _ops.dequantize_mxfp8(q, scales.view(-1), "row", dtype=torch.bfloat16)
-        return local_x, _regroup(p, order).contiguous()
+        return local_x, _regroup(p, order, copy=True), dest
 
     @staticmethod
-    def backward(ctx, d_x, d_probs):
-        order = ctx.saved_tensors[0] if ctx.blocks is None else ctx.blocks
-        dx = dprobs = None
-        if ctx.needs_input_grad[0]:
-            dx = _AllToAll.apply(_ungroup(d_x, order, ctx.n_recv).contiguous(), ctx.input_splits,
-                                 ctx.output_splits, ctx.group)
-        if ctx.needs_input_grad[1]:
-            dprobs = _AllToAll.apply(_ungroup(d_probs, order, ctx.n_recv).contiguous(), ctx.input_splits,
-                                     ctx.output_splits, ctx.group)
-        return dx, dprobs, None, None, None, None
+    def backward(ctx, d_x, d_probs, _d_dest):
+        order = ctx.saved_tensors[0] if ctx.saved_tensors else ctx.order
+        pairs, grads = [], [None, None]
+        for i, g in enumerate((d_x, d_probs)):
+            if ctx.needs_input_grad[i]:
+                g = _ungroup(g, order, ctx.n_recv).contiguous()
+                grads[i] = g.new_empty((sum(ctx.input_splits) if ctx.input_splits is not None else g.shape[0],)
+                                       + tuple(g.shape[1:]))
+                pairs.append((grads[i], g))
+        _wait(_exchange(pairs, ctx.input_splits, ctx.output_splits, ctx.group))
+        return grads[0], grads[1], None, None, None, None, None
 
 
-def _dispatch(x, probs, order, output_splits, input_splits, group, fp8):
-    """Rows x [n_send, H] (bf16) and their probabilities [n_send] (float32) to their ranks, then regrouped
-    by `order` (_regroup): (bf16 [n_recv, H], float32 [n_recv]). fp8: _Mxfp8Dispatch (one collective);
-    otherwise two differentiable all-to-alls (bf16 rows, float32 probabilities) and the regrouping."""
-    if fp8:
-        return _Mxfp8Dispatch.apply(x, probs, order, output_splits, input_splits, group)
-    recv_x = _AllToAll.apply(x, output_splits, input_splits, group)
-    recv_p = _AllToAll.apply(probs, output_splits, input_splits, group)
-    return _regroup(recv_x, order), _regroup(recv_p, order)
+def _dispatch(x, probs, plan, output_splits, input_splits, group, fp8):
+    """_Dispatch: (bf16 [n_recv, H], float32 [n_recv], dest) in the local order. fp8: the rows travel as
+    row-wise MXFP8 (_pack_rows here, where the caller has not packed them: pass fp8 as the packed rows)."""
+    packed = None
+    if isinstance(fp8, torch.Tensor):
+        packed = fp8
+    elif fp8:
+        packed = _pack_rows(x, probs)
+    return _Dispatch.apply(x, probs, packed, plan, output_splits, input_splits, group)
 
 
 def all_to_all(x, output_splits=None, input_splits=None, group=None):
@@ -282,6 +319,11 @@ def expert_parallel_mlp(x, expert_ids, probs, layer, *, experts, group=None, cap
     recv_counts = torch.empty_like(counts)
     dist.all_to_all_single(recv_counts, counts, group=group)           # [W * L]: (source w, local l)
     recv_counts = recv_counts.reshape(W, L)
+    # Queued before the host read, so that nothing but the exchange waits on it: the local offsets and,
+    # for MXFP8 rows, the packed rows (every permuted row; rows past offsets[E], from invalid ids, are
+    # cut off below).
+    local_offsets = nn.functional.pad(torch.cumsum(recv_counts.sum(0), 0), (1, 0)).to(torch.int32)
+    packed = _pack_rows(p.x, p.probs) if fp8_dispatch else None
     send_splits = counts.reshape(W, L).sum(1)
     recv_splits = recv_counts.sum(1)
     # The one host synchronisation: the split sizes of the row exchange.
@@ -291,11 +333,19 @@ def expert_parallel_mlp(x, expert_ids, probs, layer, *, experts, group=None, cap
 
     rows_x = p.x if p.x.shape[0] == n_send else p.x[:n_send]           # invalid ids: rows past offsets[E]
     rows_p = p.probs if p.probs.shape[0] == n_send else p.probs[:n_send]
-    dest, inv = _regroup_index_n(recv_counts, n_recv)
-    local_x, local_p = _dispatch(rows_x, rows_p, inv, recv_splits, send_splits, group, fp8_dispatch)
-    local_offsets = nn.functional.pad(torch.cumsum(recv_counts.sum(0), 0), (1, 0)).to(torch.int32)
+    if packed is not None and packed.shape[0] != n_send:
+        packed = packed[:n_send]
+
+    def plan():  # the regrouping's index, built on the device while the rows travel
+        if W == 1 or L == 1:  # received (source, local expert) order is already by local expert
+            return None, None
+        dest, inv = _regroup_index_n(recv_counts, n_recv)
+        return inv, dest
+
+    local_x, local_p, dest = _dispatch(rows_x, rows_p, plan, recv_splits, send_splits, group,
+                                       packed if fp8_dispatch else False)
     local_y = layer(local_x, local_offsets, local_p)
-    back_y = all_to_all(local_y.index_select(0, dest), send_splits, recv_splits, group)
+    back_y = all_to_all(local_y if dest is None else local_y.index_select(0, dest), send_splits, recv_splits, group)
     return unpermute(back_y, p.row_map)
 
 
@@ -312,11 +362,12 @@ def _capacity_forward(x, expert_ids, probs, layer, E, W, L, C, group, fp8_dispat
     rows = E * C
     padded = permute_by_map(x, row_map, probs, rows=rows)              # [W * L * C] rows, zeros padded
     # received [W (source), L, C] rows, regrouped to [L, W, C]
-    local_x, local_p = _dispatch(padded.x, padded.probs, (W, L, C), None, None, group, fp8_dispatch)
+    blocks = None if W == 1 or L == 1 else (W, L, C)                  # None: already by local expert
+    local_x, local_p, _ = _dispatch(padded.x, padded.probs, lambda: (blocks, None), None, None, group, fp8_dispatch)
     local_offsets = torch.arange(L + 1, dtype=torch.int32, device=dev) * (W * C)
     local_y = layer(local_x, local_offsets, local_p)
     H = x.shape[-1]
-    back = local_y.reshape(L, W, C, H).transpose(0, 1).reshape(W * L * C, H)
+    back = local_y if blocks is None else local_y.reshape(L, W, C, H).transpose(0, 1).reshape(W * L * C, H)
     back_y = all_to_all(back, None, None, group)
     return unpermute(back_y, row_map)
 

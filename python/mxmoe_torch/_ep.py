@@ -13,12 +13,16 @@ Forward (the all-to-all dispatcher of Megatron-LM, over torch.distributed):
      dispatcher does); with a capacity the splits are static and nothing is read on the host;
   4. all_to_all_single the rows and their probabilities (float32) with those splits: bf16 rows and
      the probabilities in two calls; MXFP8 rows (see Recipes) in one, each row packed with its scales
-     and its probability;
+     and its probability (packed before the host read, so that only the exchange waits on it; the
+     local offsets likewise). The calls are launched together (async_op) and waited for after the
+     regrouping index below is queued, so its small device ops run beside the transfer instead of
+     after it;
   5. the received rows come grouped by source rank, then local expert: a device-side permutation
      (index_select with indices built from the received counts by torch ops, no Python loop over
      tokens) regroups them by local expert, then source rank (so the rows of an expert are in global
      token order: rank 0's tokens, then rank 1's, ...); MXFP8 rows are regrouped as bytes, then
-     dequantized;
+     dequantized. With one rank, or one local expert per rank, the received order is already the
+     local order and nothing is regrouped (nor ungrouped in step 7);
   6. the local GroupedMLP runs with the probabilities (applied inside the layer) and device offsets;
   7. the regrouping is undone, the rows go back by the reverse all_to_all, and unpermute sums each
      token's k rows (fp32, slot order, rounded once).

@@ -63,6 +63,17 @@ gradient passes the quantization straight through (dx is the reverse all_to_all 
 of x'). fp8_dispatch=False sends bf16 rows, as the bf16 recipe does. The bf16 dispatch keeps two
 calls (rows, probabilities): packing the probabilities in would cost a copy of every 2H-byte row on
 the sender (permute writes its own buffer) to save one small collective.
+
+Cost beside the transfer. all_to_all_single moves contiguous blocks per rank, so each direction needs
+a reordering on both sides: permute and the regrouping on the way out, the regrouping's inverse and
+unpermute on the way back, four passes over the rows in device memory (two where the regrouping is the
+identity), plus the count exchange and its host read. Measured at EP = 1 on one H200 (the all-to-all a
+copy inside the GPU, bench/results/2026-12-04-h200-s21-ep-world1.md): dsv3 bf16 rows, no capacity,
+dispatch + combine 1.2-1.5 ms against 0.58-0.60 ms for the copies alone. Over NVLink between two H200s the
+transfer is roughly eight to ten times slower per byte than such a copy while the passes cost the same, so the
+share of the raw all-to-all's bandwidth is higher there; it has not been measured (no two-GPU machine
+was lent). MXFP8 rows add the quantization, the packing copy and the dequantization, which at EP = 1
+cost more than the halved bytes save.
 """
 
 import torch
@@ -381,7 +392,7 @@ class ExpertParallelMLP(nn.Module):
     `local` = GroupedMLP(hidden, ffn, E / ep_size, ...) for global experts
     [rank * E_local, (rank + 1) * E_local). forward(x [T, H], expert_ids [T, K], probs [T, K] or None)
     -> y bf16 [T, H] for this rank's tokens. See the module docstring (mxmoe_torch._ep) for the
-    exchange, the capacity mode and what is a TODO.
+    exchange, the capacity mode, the recipes and the cost.
 
     The group must be initialised; every rank of it must call forward (and backward) together, with
     the same capacity mode (and the same T with a capacity_factor, so that C agrees)."""

@@ -53,7 +53,9 @@ mode (no host read) captured in one CUDA graph, forward and backward, replayed o
 to eager runs, both recipes. What one GPU can check runs there: two gloo ranks sharing the GPU (every
 mxmoe step on the GPU, gloo moving the CUDA tensors through host memory), and NCCL with a group of one
 (the equality without a capacity, and the CUDA-graph capture). A group of one also runs on the CPU
-(gloo): EP = 1 holds every expert and brings the global batch, so its rows are the reference's.
+(gloo): EP = 1 holds every expert and brings the global batch, so its rows are the reference's. Four
+CPU ranks (FOUR_RANK_CASES) run E = 8 (the regrouping over four sources) and E = 4 (one local expert a
+rank: nothing to regroup), with the same equality.
 
 Run: PYTHONPATH=python MXMOE_TORCH_LIBRARY=<build>/python/libmxmoe_torch.so python -m pytest python/tests/test_ep.py
 """
@@ -89,7 +91,25 @@ CASES = [  # (recipe, capacity_factor, bias, tokens per rank, invalid ids, fp8_d
     ("bf16", None, False, (24, 16), "rank0", False),
     ("mxfp8", 0.75, False, (24, 24), "rank0", True),
 ]
+# Four ranks (CPU, gloo): E = 8 (two local experts a rank) and E = 4 (one local expert a rank, where the
+# received order is already the local order and nothing is regrouped). Each case: (recipe,
+# capacity_factor, bias, tokens per rank, invalid ids, fp8_dispatch, experts).
+FOUR_RANK_CASES = [
+    ("bf16", None, False, (24, 13, 40, 8), True, False, 8),
+    ("mxfp8", None, True, (24, 24, 24, 24), False, True, 8),
+    ("mxfp8", 0.75, False, (24, 24, 24, 24), False, True, 8),
+    ("bf16", 0.75, True, (24, 24, 24, 24), False, False, 8),
+    ("bf16", None, False, (24, 13, 40, 8), "rank0", False, 4),
+    ("mxfp8", 0.75, False, (24, 24, 24, 24), False, True, 4),
+]
+SUITES = {"two": (CASES, 0), "four": (FOUR_RANK_CASES, 500)}  # (cases, seed offset)
 DW_TOLERANCE = {"bf16": 4e-3, "mxfp8": 0.1}
+
+
+def suite_cases(suite):
+    """(seed index, recipe, capacity_factor, bias, tokens, invalid, fp8_dispatch, experts) of a suite."""
+    cases, seed = SUITES[suite]
+    return [(seed + i, *c[:6], c[6] if len(c) > 6 else E) for i, c in enumerate(cases)]
 
 
 def rel_error(got, want):
@@ -97,8 +117,10 @@ def rel_error(got, want):
     return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
 
 
-def make_data(case_index, recipe, bias, tokens, invalid):
-    """The full layer's weights and every rank's tokens, ids, probs and upstream gradient (CPU)."""
+def make_data(case_index, recipe, bias, tokens, invalid, experts=E):
+    """The full layer's weights and every rank's tokens, ids, probs and upstream gradient (CPU), for
+    len(tokens) ranks and `experts` experts."""
+    E = experts
     g = torch.Generator().manual_seed(1234 + case_index)
     full = {"w1": (torch.randn(E, 2 * F, H, generator=g) / H ** 0.5).bfloat16(),
             "w2": (torch.randn(E, H, F, generator=g) / F ** 0.5).bfloat16()}
@@ -112,11 +134,12 @@ def make_data(case_index, recipe, bias, tokens, invalid):
             x = x * torch.exp2(-14 * torch.rand(T, H, generator=g))
         x = x.bfloat16()
         # Skewed routing (expert 0 is popular) so the capacity drops rows.
-        logits = torch.randn(T, E, generator=g) + torch.tensor([1.0, 0.3, 0.0, -0.3])
+        popular = torch.tensor([1.0, 0.3, 0.0, -0.3]) if E == 4 else torch.linspace(1.0, -0.3, E)
+        logits = torch.randn(T, E, generator=g) + popular
         top, ids = torch.topk(logits.softmax(-1), K, dim=-1)
         probs = top / top.sum(-1, keepdim=True)
         if invalid == "rank0":
-            ids = ids % (E // WORLD)
+            ids = ids % (E // len(tokens))
         elif invalid is True:
             ids[1::5, 1] = E  # dropped by permute (counted as invalid)
             ids[3, 0] = -1
@@ -150,7 +173,7 @@ def _rank_batch(ranks, rank, world):
     return tuple(torch.cat([r[j] for r in ranks]) for j in range(4))
 
 
-def _worker(rank, init_method, backend, out_dir, placement="cpu", world=WORLD):
+def _worker(rank, init_method, backend, out_dir, placement="cpu", world=WORLD, suite="two"):
     torch.set_num_threads(1)
     device = _worker_device(rank, placement)
     if device.type == "cuda":
@@ -158,11 +181,11 @@ def _worker(rank, init_method, backend, out_dir, placement="cpu", world=WORLD):
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world)
     try:
         results = []
-        for i, (recipe, factor, bias, tokens, invalid, fp8) in enumerate(CASES):
+        for i, recipe, factor, bias, tokens, invalid, fp8, experts in suite_cases(suite):
             if world == 1 and factor is not None:
                 continue  # a capacity per source rank: the reference's drops are those of WORLD ranks
-            full, ranks = make_data(i, recipe, bias, tokens, invalid)
-            ep = mxmoe_torch.ExpertParallelMLP.from_grouped_mlp(make_layer(full, recipe, E, device),
+            full, ranks = make_data(i, recipe, bias, tokens, invalid, experts)
+            ep = mxmoe_torch.ExpertParallelMLP.from_grouped_mlp(make_layer(full, recipe, experts, device),
                                                                 capacity_factor=factor, fp8_dispatch=fp8,
                                                                 device=device)
             assert ep.fp8_dispatch == fp8
@@ -188,12 +211,13 @@ def wire_rows(x):
     return x + (xq - x).detach()
 
 
-def reference(case_index, recipe, factor, bias, tokens, invalid, fp8, device):
+def reference(case_index, recipe, factor, bias, tokens, invalid, fp8, device, experts=E):
     """Single-process permute -> GroupedMLP -> unpermute on the global batch, with the slots each source
     rank drops (capacity C per expert per rank) given an invalid id; with fp8 dispatch the layer sees
     the rows as they arrive (wire_rows; row-wise blocks are within a row, so quantizing before or
     after the permutation is the same)."""
-    full, ranks = make_data(case_index, recipe, bias, tokens, invalid)
+    E = experts
+    full, ranks = make_data(case_index, recipe, bias, tokens, invalid, E)
     ids_all, dropped = [], 0
     for x, ids, _, _ in ranks:
         if factor is not None:
@@ -221,21 +245,23 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_and_compare(backend, tmp_path, device, placement="cpu", world=WORLD):
+def run_and_compare(backend, tmp_path, device, placement="cpu", world=WORLD, suite="two"):
     """Runs _worker on `world` processes (placement: _worker_device) and compares every rank's outputs
     and gradients with the single-process layer on `device`. With world = 1 the one rank holds every
     expert and brings the global batch (the capacity cases, whose drops are per source rank, are left
     out)."""
     init_method = f"tcp://127.0.0.1:{free_port()}"
-    mp.spawn(_worker, args=(init_method, backend, str(tmp_path), placement, world), nprocs=world, join=True)
+    mp.spawn(_worker, args=(init_method, backend, str(tmp_path), placement, world, suite), nprocs=world, join=True)
     got = [iter(torch.load(tmp_path / f"rank{r}.pt")) for r in range(world)]
     compared = 0
-    for i, (recipe, factor, bias, tokens, invalid, fp8) in enumerate(CASES):
+    cases = suite_cases(suite)
+    for i, recipe, factor, bias, tokens, invalid, fp8, experts in cases:
         if world == 1 and factor is not None:
             continue
         mine = [next(g) for g in got]
-        want, dropped = reference(i, recipe, factor, bias, tokens, invalid, fp8, device)
-        name = f"case {i} recipe={recipe} capacity_factor={factor} bias={bias} tokens={tokens} fp8_dispatch={fp8}"
+        want, dropped = reference(i, recipe, factor, bias, tokens, invalid, fp8, device, experts)
+        name = (f"case {i} recipe={recipe} capacity_factor={factor} bias={bias} tokens={tokens} fp8_dispatch={fp8} "
+                f"experts={experts}")
         if factor is not None:
             assert dropped > 0, f"{name}: the capacity should drop rows"
         for r in range(world):
@@ -256,13 +282,22 @@ def run_and_compare(backend, tmp_path, device, placement="cpu", world=WORLD):
                 else:
                     assert err <= DW_TOLERANCE[recipe], f"{name} rank {r} d{key}: rel error {err}"
         compared += 1
-    assert compared == sum(1 for c in CASES if world > 1 or c[1] is None) > 0
+    assert compared == sum(1 for c in cases if world > 1 or c[2] is None) > 0
 
 
 def test_expert_parallel_gloo(tmp_path):
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     run_and_compare("gloo", tmp_path, torch.device("cpu"))
+
+
+def test_expert_parallel_gloo_four_ranks(tmp_path):
+    """Four ranks: two local experts a rank (the regrouping over four sources), and one local expert a
+    rank (no regrouping); unequal token counts, invalid ids, every slot to rank 0's experts, both
+    recipes, with and without a capacity."""
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    run_and_compare("gloo", tmp_path, torch.device("cpu"), world=4, suite="four")
 
 
 def test_expert_parallel_gloo_one_rank(tmp_path):

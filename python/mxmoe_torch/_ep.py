@@ -206,7 +206,7 @@ class _Dispatch(torch.autograd.Function):
     (None: the local order is the received order; a non-differentiable output).
 
     bf16 rows (packed None): the rows and the probabilities by two all-to-alls, then the regrouping.
-    MXFP8 rows: packed is _pack_rows(x, probs) (made by the caller, before the host read of the splits);
+    MXFP8 rows: packed is _pack_rows(x, probs), made by the caller (before the host read of the splits);
     ONE all_to_all_single; the receiver splits the packed rows with views and regroups them while
     compacting: the E4M3 bytes into a contiguous [n_recv, H], the scale rows straight into the compact
     scale matrix dequantize_mxfp8 reads (roundup(n_recv, 128) rows, the padding rows zeroed), the
@@ -265,15 +265,10 @@ class _Dispatch(torch.autograd.Function):
         return grads[0], grads[1], None, None, None, None, None
 
 
-def _dispatch(x, probs, plan, output_splits, input_splits, group, fp8):
-    """_Dispatch: (bf16 [n_recv, H], float32 [n_recv], dest) in the local order. fp8: the rows travel as
-    row-wise MXFP8 (_pack_rows here, where the caller has not packed them: pass fp8 as the packed rows)."""
-    packed = None
-    if isinstance(fp8, torch.Tensor):
-        packed = fp8
-    elif fp8:
-        packed = _pack_rows(x, probs)
-    return _Dispatch.apply(x, probs, packed, plan, output_splits, input_splits, group)
+def _in_local_order(W, L):
+    """Whether rows received by (source rank, local expert) are already by local expert, then source rank:
+    with one rank, or one local expert a rank, nothing is regrouped."""
+    return W == 1 or L == 1
 
 
 def all_to_all(x, output_splits=None, input_splits=None, group=None):
@@ -352,13 +347,12 @@ def expert_parallel_mlp(x, expert_ids, probs, layer, *, experts, group=None, cap
         packed = packed[:n_send]
 
     def plan():  # the regrouping's index, built on the device while the rows travel
-        if W == 1 or L == 1:  # received (source, local expert) order is already by local expert
+        if _in_local_order(W, L):
             return None, None
         dest, inv = _regroup_index_n(recv_counts, n_recv)
         return inv, dest
 
-    local_x, local_p, dest = _dispatch(rows_x, rows_p, plan, recv_splits, send_splits, group,
-                                       packed if fp8_dispatch else False)
+    local_x, local_p, dest = _Dispatch.apply(rows_x, rows_p, packed, plan, recv_splits, send_splits, group)
     local_y = layer(local_x, local_offsets, local_p)
     back_y = all_to_all(local_y if dest is None else local_y.index_select(0, dest), send_splits, recv_splits, group)
     return unpermute(back_y, p.row_map)
@@ -377,13 +371,12 @@ def _capacity_forward(x, expert_ids, probs, layer, E, W, L, C, group, fp8_dispat
     rows = E * C
     padded = permute_by_map(x, row_map, probs, rows=rows)              # [W * L * C] rows, zeros padded
     # received [W (source), L, C] rows, regrouped to [L, W, C]
-    blocks = None if W == 1 or L == 1 else (W, L, C)                  # None: already by local expert
-    local_x, local_p, _ = _dispatch(padded.x, padded.probs, lambda: (blocks, None), None, None, group, fp8_dispatch)
+    blocks = None if _in_local_order(W, L) else (W, L, C)
+    packed = _pack_rows(padded.x, padded.probs) if fp8_dispatch else None
+    local_x, local_p, _ = _Dispatch.apply(padded.x, padded.probs, packed, lambda: (blocks, None), None, None, group)
     local_offsets = torch.arange(L + 1, dtype=torch.int32, device=dev) * (W * C)
     local_y = layer(local_x, local_offsets, local_p)
-    H = x.shape[-1]
-    back = local_y if blocks is None else local_y.reshape(L, W, C, H).transpose(0, 1).reshape(W * L * C, H)
-    back_y = all_to_all(back, None, None, group)
+    back_y = all_to_all(_ungroup(local_y, blocks, rows), None, None, group)  # [L, W, C] -> [W, L, C]
     return unpermute(back_y, row_map)
 
 

@@ -106,10 +106,13 @@ SUITES = {"two": (CASES, 0), "four": (FOUR_RANK_CASES, 500)}  # (cases, seed off
 DW_TOLERANCE = {"bf16": 4e-3, "mxfp8": 0.1}
 
 
-def suite_cases(suite):
-    """(seed index, recipe, capacity_factor, bias, tokens, invalid, fp8_dispatch, experts) of a suite."""
+def suite_cases(suite, world):
+    """(seed index, recipe, capacity_factor, bias, tokens, invalid, fp8_dispatch, experts) of a suite's
+    cases that run at `world` ranks: a group of one leaves out the capacity cases (a capacity applies per
+    source rank, so the reference's drops are those of len(tokens) ranks)."""
     cases, seed = SUITES[suite]
-    return [(seed + i, *c[:6], c[6] if len(c) > 6 else E) for i, c in enumerate(cases)]
+    return [(seed + i, *c[:6], c[6] if len(c) > 6 else E) for i, c in enumerate(cases)
+            if world > 1 or c[1] is None]
 
 
 def rel_error(got, want):
@@ -181,9 +184,7 @@ def _worker(rank, init_method, backend, out_dir, placement="cpu", world=WORLD, s
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world)
     try:
         results = []
-        for i, recipe, factor, bias, tokens, invalid, fp8, experts in suite_cases(suite):
-            if world == 1 and factor is not None:
-                continue  # a capacity per source rank: the reference's drops are those of WORLD ranks
+        for i, recipe, factor, bias, tokens, invalid, fp8, experts in suite_cases(suite, world):
             full, ranks = make_data(i, recipe, bias, tokens, invalid, experts)
             ep = mxmoe_torch.ExpertParallelMLP.from_grouped_mlp(make_layer(full, recipe, experts, device),
                                                                 capacity_factor=factor, fp8_dispatch=fp8,
@@ -254,10 +255,8 @@ def run_and_compare(backend, tmp_path, device, placement="cpu", world=WORLD, sui
     mp.spawn(_worker, args=(init_method, backend, str(tmp_path), placement, world, suite), nprocs=world, join=True)
     got = [iter(torch.load(tmp_path / f"rank{r}.pt")) for r in range(world)]
     compared = 0
-    cases = suite_cases(suite)
+    cases = suite_cases(suite, world)
     for i, recipe, factor, bias, tokens, invalid, fp8, experts in cases:
-        if world == 1 and factor is not None:
-            continue
         mine = [next(g) for g in got]
         want, dropped = reference(i, recipe, factor, bias, tokens, invalid, fp8, device, experts)
         name = (f"case {i} recipe={recipe} capacity_factor={factor} bias={bias} tokens={tokens} fp8_dispatch={fp8} "
@@ -282,12 +281,16 @@ def run_and_compare(backend, tmp_path, device, placement="cpu", world=WORLD, sui
                 else:
                     assert err <= DW_TOLERANCE[recipe], f"{name} rank {r} d{key}: rel error {err}"
         compared += 1
-    assert compared == sum(1 for c in cases if world > 1 or c[2] is None) > 0
+    assert compared == len(cases) > 0
+
+
+def _skip_unless_gloo():
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
 
 
 def test_expert_parallel_gloo(tmp_path):
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
+    _skip_unless_gloo()
     run_and_compare("gloo", tmp_path, torch.device("cpu"))
 
 
@@ -295,15 +298,13 @@ def test_expert_parallel_gloo_four_ranks(tmp_path):
     """Four ranks: two local experts a rank (the regrouping over four sources), and one local expert a
     rank (no regrouping); unequal token counts, invalid ids, every slot to rank 0's experts, both
     recipes, with and without a capacity."""
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
+    _skip_unless_gloo()
     run_and_compare("gloo", tmp_path, torch.device("cpu"), world=4, suite="four")
 
 
 def test_expert_parallel_gloo_one_rank(tmp_path):
     """A group of one (EP = 1: every expert local, the global batch), the cases without a capacity."""
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
+    _skip_unless_gloo()
     run_and_compare("gloo", tmp_path, torch.device("cpu"), world=1)
 
 
@@ -313,8 +314,8 @@ def _skip_unless_gpus(what, n_needed, backend="nccl"):
         pytest.skip(f"{what} needs {n_needed} GPU{'s' if n_needed > 1 else ''}, found {n}")
     if backend == "nccl" and not dist.is_nccl_available():
         pytest.skip("torch.distributed was built without NCCL")
-    if backend == "gloo" and not dist.is_gloo_available():
-        pytest.skip("torch.distributed was built without gloo")
+    if backend == "gloo":
+        _skip_unless_gloo()
     try:  # the permute steps need a CUDA backend (cuda_portable)
         mxmoe_torch.permute(torch.zeros(1, H, dtype=torch.bfloat16, device="cuda"),
                             torch.zeros(1, K, dtype=torch.int32, device="cuda"), experts=E)
@@ -514,8 +515,7 @@ def test_fp8_dispatch_bytes(tmp_path):
     uint8 row (H + roundup(H/32, 4) + 4 bytes) by ONE all_to_all_single; the bf16 dispatch sends the bf16
     rows (2H) and the float32 probabilities (4 bytes) by two. Backward is the same for both: the return's
     reverse (bf16 rows), then the dispatch's reverse, bf16 rows and float32 probabilities."""
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
+    _skip_unless_gloo()
     mp.spawn(_bytes_worker, args=(f"tcp://127.0.0.1:{free_port()}", str(tmp_path)), nprocs=WORLD, join=True)
     rows = 24 * K  # every slot valid, no capacity: every rank sends 48 rows (and receives n_recv)
     counts = E * 8

@@ -38,25 +38,23 @@ inline std::string gpu_unavailable_reason() {
 
 inline constexpr Device kGpu0{DeviceType::cuda, 0};
 
-// Sets (value) or unsets (nullptr) an environment variable for a scope, restoring it after: the
-// backends' opt-in switches that are read per call (e.g. MXMOE_SM90_FP8_BLOCK=backward).
-class EnvOverride {
+// The configuration the step helpers below run GEMM steps in on the backend under test (empty: the
+// backend's own plan), set for a scope: the test-side twin of Options::overrides for steps run on
+// one backend directly. A name the backend does not have, or one that cannot run the step, fails
+// the step with the backend's Error.
+inline std::string& step_config() {
+  static std::string config;
+  return config;
+}
+class ScopedStepConfig {
  public:
-  EnvOverride(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) had_ = true, old_ = old;
-    if (value) setenv(name, value, 1);
-    else unsetenv(name);
-  }
-  ~EnvOverride() {
-    if (had_) setenv(name_.c_str(), old_.c_str(), 1);
-    else unsetenv(name_.c_str());
-  }
-  EnvOverride(const EnvOverride&) = delete;
-  EnvOverride& operator=(const EnvOverride&) = delete;
+  explicit ScopedStepConfig(std::string config) : old_(step_config()) { step_config() = std::move(config); }
+  ~ScopedStepConfig() { step_config() = old_; }
+  ScopedStepConfig(const ScopedStepConfig&) = delete;
+  ScopedStepConfig& operator=(const ScopedStepConfig&) = delete;
 
  private:
-  std::string name_, old_;
-  bool had_ = false;
+  std::string old_;
 };
 
 // The backends the GPU suites run over: every registered backend that does not take host data, in
@@ -128,6 +126,29 @@ inline detail::Probe probe_step(detail::Backend& b, const detail::LayerStep& st)
   q.gemm_m = std::get_if<detail::MGemmStep>(&st.args);
   q.gemm_k = std::get_if<KGroupedGemmArgs>(&st.args);
   return b.probe(q);
+}
+
+// A GEMM step run on backend b directly, as planned there in step_config().
+inline void run_gemm_m(Context& ctx, detail::Backend& b, detail::StepQuery q, const detail::MGemmStep& s) {
+  q.gemm_m = &s;
+  b.gemm_m(ctx, s, b.plan(q, step_config()));
+}
+inline void run_gemm_k(Context& ctx, detail::Backend& b, detail::StepQuery q, const KGroupedGemmArgs& a) {
+  q.gemm_k = &a;
+  b.gemm_k(ctx, a, b.plan(q, step_config()));
+}
+inline void run_on(Context& ctx, detail::Backend& b, const detail::LayerStep& st) {
+  detail::StepQuery q = st.query;
+  q.gemm_m = std::get_if<detail::MGemmStep>(&st.args);
+  q.gemm_k = std::get_if<KGroupedGemmArgs>(&st.args);
+  detail::run(ctx, detail::Choice{&b, b.plan(q, q.gemm_m || q.gemm_k ? step_config() : "")}, st);
+}
+// The configurations of cuda_sm90's m-grouped steps a test runs besides the backend's own choice
+// (other backends: the choice alone).
+inline std::vector<std::string> configs_of(const detail::Backend& b, std::vector<std::string> sm90) {
+  std::vector<std::string> all{""};
+  if (std::string(b.name()) == "cuda_sm90") all.insert(all.end(), sm90.begin(), sm90.end());
+  return all;
 }
 
 // A variant of a case (per-expert pointers, a second layout) that the backend refuses is not run

@@ -23,6 +23,15 @@ struct Allocator {
   bool set() const { return allocate != nullptr && release != nullptr; }
 };
 
+// A step run in a named configuration instead of the one its backend's plan picks: for tests and
+// benches (`mxmoe bench --override fc2_dgrad=mxfp8_regs_n128`). `mxmoe plan` prints each step's
+// configuration; a name the serving backend does not have, or one that cannot run the step, is an
+// mxmoe::Error naming the override when the step is planned.
+struct StepOverride {
+  std::string step;    // a step label, e.g. "fc2_dgrad"
+  std::string config;  // a configuration name of the backend that serves it
+};
+
 struct Options {
   // Force one backend by name (`mxmoe info` lists the registered ones); empty = best available.
   // Environment: MXMOE_BACKEND. A forced backend that cannot serve a step is an error naming why.
@@ -34,13 +43,24 @@ struct Options {
   // cudaStream_t to run on (nullptr = the legacy default stream). Ignored on the CPU.
   void* stream = nullptr;
   Allocator allocator{};
+  std::vector<StepOverride> overrides;
 };
 
-// One dispatch decision: which backend ran a step and why each better one did not.
+// One kernel or memory operation of a step, in the order the step enqueues them.
+struct LaunchRecord {
+  std::string kernel;  // e.g. "gemm", "dequantize_b", "quantize_out"
+  std::string config;  // its configuration, where it has several
+};
+
+// One dispatch decision: which backend ran a step, why each better one did not, and its plan there.
 struct StepRecord {
   std::string step;
   std::string backend;
   std::vector<std::pair<std::string, std::string>> skipped;  // (backend, reason)
+  std::string config;                // the step's named configuration on `backend`
+  std::vector<LaunchRecord> launches;
+  int64_t workspace_bytes = 0;       // library memory the step takes while it runs
+  std::string weights;               // what the step reads of the weights ("" where none)
 };
 
 struct BackendInfo {
@@ -68,6 +88,7 @@ class MXMOE_API Context {
   std::vector<BackendInfo> backends(Device device) const;
 
   detail::ContextImpl& impl() { return *impl_; }
+  const detail::ContextImpl& impl() const { return *impl_; }
 
  private:
   std::unique_ptr<detail::ContextImpl> impl_;

@@ -13,7 +13,6 @@
 #include "src/api/layer_validate.h"
 #include "src/common/checked.h"
 #include "src/common/fp8_block.h"
-#include "src/common/sm90_switches.h"
 
 namespace mxmoe {
 
@@ -52,16 +51,15 @@ Operand mx_op(const Mxfp8View& v) { return Operand{{}, v}; }
 ExpertOperand bf16_operand(const ExpertMatrices& w) { return ExpertOperand{w, {}, {}}; }
 
 // ---- MXFP8 weights kept only as a bf16 copy ----
-// cuda_sm90's MXFP8 GEMMs compute in BF16 on the weights' bf16 copy and never read their FP8 bytes
-// (Backend::reads_weight_copies). So where the backend dispatch picks for a weight's GEMM reads
-// copies, the weight is kept as that copy alone (make_expert_copy_only): quantized in the call
-// straight into a copy made just before its quantize step and freed after its GEMM
-// (PlannedSteps::add_weight_copy; one copy alive at a time, as the FP8 route's GEMM holds its
-// transient one), or prepared so by prepare_weights. Values are those of the FP8 route (the GEMM
-// dequantizing an FP8 copy), so results are bit-identical. A prepared copy that no copy reader takes
-// (a step refused for its activations, a forced backend) is not an error: that GEMM's weight is
-// quantized in the call from the call's w1 / w2. MXMOE_SM90_MX_WEIGHTS=fp8 keeps FP8 per-call
-// weights.
+// Where the plan of a weight's GEMM reads the weights' bf16 copy alone (WeightForm::bf16_copy: a
+// backend whose MXFP8 GEMMs compute in BF16 on the exact dequantized weights, such as cuda_sm90),
+// the weight is kept as that copy alone (make_expert_copy_only): quantized in the call straight into
+// a copy made just before its quantize step and freed after its GEMM (PlannedSteps::add_weight_copy;
+// one copy alive at a time, as a GEMM that dequantizes an FP8 copy holds its transient one), or
+// prepared so by prepare_weights. Values are those of the FP8 route (the GEMM dequantizing an FP8
+// copy), so results are bit-identical. A prepared copy that no plan reads (a step refused for its
+// activations, a forced backend) is not an error: that GEMM's weight is quantized in the call from
+// the call's w1 / w2.
 
 // `args` with one member replaced.
 template <class Args, class Member, class Value>
@@ -75,12 +73,10 @@ LayerStep reading_copy(LayerStep step, bool copy_only) {
   return step;
 }
 
-// Whether a GEMM step given copy-only weights runs there with the weight quantized in the call: the
-// backend dispatch would pick for it with FP8 weights reads copies.
-bool takes_weight_copy(const Context& ctx, const LayerStep& step) {
-  if (sm90_mx_weights_fp8()) return false;
-  const Backend* b = would_plan(ctx, reading_copy(step, false));
-  return b != nullptr && b->reads_weight_copies();
+// Whether the plan of a GEMM step reads the weights' bf16 copy alone where it is given only that.
+bool plan_reads_copy(const Context& ctx, const LayerStep& step) {
+  const Choice c = would_plan(ctx, reading_copy(step, true));
+  return c.backend != nullptr && c.plan.weights == WeightForm::bf16_copy;
 }
 
 // What one GEMM of a call reads as its weights.
@@ -118,15 +114,14 @@ CallWeight call_weight(const Context& ctx, const Problem& p, const QuantSpec& q,
   const int64_t E = p.experts;
   CallWeight w;
   // A prepared copy alone is taken where a backend that reads copies takes the step.
-  if (prepared != nullptr &&
-      (!is_copy_only(*prepared) || would_plan(ctx, reading_copy(gemm_step(*prepared), true)) != nullptr)) {
+  if (prepared != nullptr && (!is_copy_only(*prepared) || plan_reads_copy(ctx, gemm_step(*prepared)))) {
     w.operand = *prepared;
     w.copy_only = is_copy_only(*prepared);
     return w;
   }
   w.quantize = true;
   w.own = make_expert_copy_only(o, d, E, rows, cols, axis, q.layout, /*allocate_copy=*/false);  // no memory yet
-  w.copy_only = q.format == QuantFormat::mxfp8 && takes_weight_copy(ctx, gemm_step(w.own.operand));
+  w.copy_only = q.format == QuantFormat::mxfp8 && plan_reads_copy(ctx, gemm_step(w.own.operand));
   if (!w.copy_only) w.own = make_expert_quant(o, d, q, E, rows, cols, axis);
   w.operand = w.own.operand;
   return w;
@@ -158,8 +153,6 @@ std::unique_ptr<WgradImpl> new_wgrad(const Problem& p, const GroupOffsets& offse
   return w;
 }
 
-SavedState forward_run(Context& ctx, const Problem& p, const ForwardArgs& a, const StateBuffers* into);
-WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, const StateBuffers* into);
 
 // ---- Memory: estimated before the first allocation, failures reported with the estimate ----
 
@@ -248,6 +241,8 @@ SavedState forward_impl(Context& ctx, const Problem& p, const ForwardArgs& a, co
   return with_memory_estimate(what, need, [&] { return forward_run(ctx, p, a, into); });
 }
 
+}  // namespace
+
 SavedState forward_run(Context& ctx, const Problem& p, const ForwardArgs& a, const StateBuffers* into) {
   const Options& o = ctx.options();
   const Device d = forward_device(a);
@@ -301,6 +296,7 @@ SavedState forward_run(Context& ctx, const Problem& p, const ForwardArgs& a, con
 }
 
 // The weight-gradient GEMMs' operands: column-wise MXFP8, or bf16.
+namespace {
 struct WgradOperands {
   Operand dy, a, dc, x;
 };
@@ -326,6 +322,8 @@ WgradState backward_impl(Context& ctx, SavedState& saved, const BackwardArgs& a,
   check_capacity(s.device, need, ctx.options().allocator, what);
   return with_memory_estimate(what, need, [&] { return backward_run(ctx, saved, a, into); });
 }
+
+}  // namespace
 
 WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, const StateBuffers* into) {
   SavedImpl& s = saved.impl();
@@ -415,6 +413,7 @@ WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, 
 
 // The library memory prepare_weights allocates (with `copies`: the bf16 copies too; with
 // `transposed`: fp8_blockwise's transposed copies).
+namespace {
 int64_t prepare_memory(const Problem& p, bool copies, bool transposed) {
   if (p.recipe == Recipe::bf16) return 0;
   const int64_t E = p.experts, H = p.hidden, F = p.ffn;
@@ -445,38 +444,6 @@ int64_t prepare_memory(const Problem& p, bool copies, bool transposed) {
 
 }  // namespace
 
-bool sm90_serves(const Context& ctx, Device d) {
-  if (d.type != DeviceType::cuda) return false;
-  const Options& o = ctx.options();
-  const std::string sm90 = "cuda_sm90";
-  if (!o.backend.empty() && o.backend != sm90) return false;
-  for (const std::string& n : o.deny)
-    if (n == sm90) return false;
-  for (const BackendInfo& b : ctx.backends(d))
-    if (b.name == sm90) return b.available;
-  return false;
-}
-
-namespace {
-// cuda_sm90's backward GEMMs on the dequantized BF16 path (MXMOE_SM90_FP8_BLOCK=forward or dequant).
-bool sm90_fp8_backward_off() { return sm90_fp8_block_mode() != Sm90Fp8Block::all; }
-}  // namespace
-
-bool want_transposed_copies(const Context& ctx, const Problem& p, const WeightsArgs& w, Device d) {
-  return p.recipe == Recipe::fp8_blockwise && w.bf16_copies && !sm90_fp8_backward_off() && sm90_serves(ctx, d);
-}
-
-bool copies_read_on(const Context& ctx, Device d) {
-  const Backend* b = first_usable(ctx, d);
-  return b != nullptr && b->reads_weight_copies();
-}
-
-bool want_bf16_copies(const Context& ctx, const Problem& p, const WeightsArgs& w, Device d) {
-  if (!w.bf16_copies) return false;
-  if (p.recipe == Recipe::mxfp8) return copies_read_on(ctx, d);
-  return p.recipe == Recipe::fp8_blockwise && p.pow2_scales && sm90_fp8_backward_off() && sm90_serves(ctx, d);
-}
-
 namespace {
 
 LayerStep prepare_step(LayerStep step) {
@@ -484,8 +451,10 @@ LayerStep prepare_step(LayerStep step) {
   return step;
 }
 
-PreparedWeights prepare_run(Context& ctx, const Problem& p, const WeightsArgs& w, Device d, bool copies,
-                            bool transposed) {
+}  // namespace
+
+PreparedWeights prepare_run(Context& ctx, const Problem& p, const WeightsArgs& w, Device d, const PreparedForms& forms) {
+  const bool copies = forms.bf16_copies, transposed = forms.transposed;
   const Options& o = ctx.options();
   const ScaleLayout layout = o.scale_layout;
   const int64_t E = p.experts, H = p.hidden, F = p.ffn;
@@ -524,17 +493,16 @@ PreparedWeights prepare_run(Context& ctx, const Problem& p, const WeightsArgs& w
   return PreparedWeights(std::move(pw));
 }
 
-}  // namespace
 }  // namespace detail
 
 PreparedWeights prepare_weights(Context& ctx, const Problem& p, const WeightsArgs& w) {
   using namespace detail;
   const Device d = validate_prepare_weights(p, w);
   const std::string what = "prepare_weights (" + describe(p) + ")";
-  const bool copies = want_bf16_copies(ctx, p, w, d), transposed = want_transposed_copies(ctx, p, w, d);
-  const int64_t need = prepare_memory(p, copies, transposed);
+  const PreparedForms forms = prepared_forms(ctx, p, w, d);
+  const int64_t need = prepare_memory(p, forms.bf16_copies, forms.transposed);
   check_capacity(d, need, ctx.options().allocator, what);
-  return with_memory_estimate(what, need, [&] { return prepare_run(ctx, p, w, d, copies, transposed); });
+  return with_memory_estimate(what, need, [&] { return prepare_run(ctx, p, w, d, forms); });
 }
 
 SavedState forward(Context& ctx, const Problem& p, const ForwardArgs& a) {

@@ -75,21 +75,16 @@ struct OwnedExpertMxfp8 {
     return s;
   }
 };
-// Whether bf16 copies of the dequantized weights pay (prepare_weights, and `mxmoe bench`'s step
-// operands): asked for (w.bf16_copies) and read by the GEMMs: mxfp8 where the device's first
-// backend reads weight copies (copies_read_on), fp8_blockwise with power-of-two scales (its GEMMs on
-// the dequantized weights) where cuda_sm90 serves device d (src/api/grouped_mlp.cpp).
-bool want_bf16_copies(const Context& ctx, const Problem& p, const WeightsArgs& w, Device d);
-// Whether the first backend dispatch would consider for device d (forced and denied ones honoured,
-// available there) reads MXFP8 weights from their bf16 copy (Backend::reads_weight_copies).
-bool copies_read_on(const Context& ctx, Device d);
-// Whether cuda_sm90 is the backend the layer's GEMMs run on for device d: available there, neither
-// denied nor overridden by a forced backend in ctx's options.
-bool sm90_serves(const Context& ctx, Device d);
-// Whether transposed fp8_block weight copies pay (prepare_weights, `mxmoe bench`): fp8_blockwise,
-// asked for (w.bf16_copies), cuda_sm90 serves device d as above, and its FP8 dgrads are on (not
-// MXMOE_SM90_FP8_BLOCK=forward or dequant: then the bf16 copies above serve power-of-two scales).
-bool want_transposed_copies(const Context& ctx, const Problem& p, const WeightsArgs& w, Device d);
+// The weight forms beyond the FP8 copies that the plans of the layer's GEMMs read on device d
+// (src/api/layer_plan.cpp): the bf16 copies alone (mxfp8, where the fprop and dgrad plans read
+// WeightForm::bf16_copy), or the transposed 128x128-block copies (fp8_blockwise, where a dgrad plan
+// would otherwise transpose its weights in every call). prepare_weights makes these when
+// w.bf16_copies asks for them; `mxmoe bench` builds its step operands the same way.
+struct PreparedForms {
+  bool bf16_copies = false;
+  bool transposed = false;
+};
+PreparedForms prepared_forms(const Context& ctx, const Problem& p, const WeightsArgs& w, Device d);
 OwnedExpertMxfp8 make_expert_mxfp8(const Options& o, Device d, int64_t experts, int64_t rows, int64_t cols,
                                    BlockAxis axis, ScaleLayout layout);
 // MXFP8 weights kept only as their bf16 copy (MGemmStep::b_copy_only): the operand carries the shape,
@@ -151,5 +146,11 @@ struct PreparedImpl {
   const ExpertOperand& w2_dgrad() const { return w2_col.operand.data.dense.rank > 0 ? w2_col.operand : w2_row.operand; }
   int64_t bytes() const { return w1_row.bytes() + w2_row.bytes() + w1_col.bytes() + w2_col.bytes(); }
 };
+
+// The runs behind forward(), backward() and prepare_weights() once the arguments are validated and
+// the memory checked (src/api/grouped_mlp.cpp); layer_plan.cpp runs them on planning views.
+SavedState forward_run(Context& ctx, const Problem& p, const ForwardArgs& a, const StateBuffers* into);
+WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, const StateBuffers* into);
+PreparedWeights prepare_run(Context& ctx, const Problem& p, const WeightsArgs& w, Device d, const PreparedForms& forms);
 
 }  // namespace mxmoe::detail

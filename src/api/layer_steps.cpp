@@ -102,25 +102,26 @@ StepQuery query_of(const LayerStep& step) {
 }
 }  // namespace
 
-Backend& plan(Context& ctx, const LayerStep& step) { return select(ctx, query_of(step), step.label); }
+Choice plan(Context& ctx, const LayerStep& step) { return select(ctx, query_of(step), step.label); }
 
-Backend* would_plan(const Context& ctx, const LayerStep& step) { return would_select(ctx, query_of(step)); }
+Choice would_plan(const Context& ctx, const LayerStep& step) { return would_select(ctx, query_of(step), step.label); }
 
-void run(Context& ctx, Backend& b, const LayerStep& step) {
+void run(Context& ctx, const Choice& c, const LayerStep& step) {
   struct Visit {
     Context& ctx;
     Backend& b;
+    const StepPlan& plan;
     void operator()(const QuantizeArgs& a) const { b.quantize(ctx, a); }
     void operator()(const QuantizeExpertsStep& s) const { b.quantize_experts(ctx, s); }
-    void operator()(const MGemmStep& s) const { b.gemm_m(ctx, s); }
-    void operator()(const KGroupedGemmArgs& a) const { b.gemm_k(ctx, a); }
+    void operator()(const MGemmStep& s) const { b.gemm_m(ctx, s, plan); }
+    void operator()(const KGroupedGemmArgs& a) const { b.gemm_k(ctx, a, plan); }
     void operator()(const Fc2BiasGradStep& s) const { b.fc2_bias_grads(ctx, s); }
   };
-  std::visit(Visit{ctx, b}, step.args);
+  std::visit(Visit{ctx, *c.backend, c.plan}, step.args);
 }
 
 PlannedSteps::PlannedSteps(Context& ctx, std::vector<LayerStep> steps) : ctx_(ctx), steps_(std::move(steps)) {
-  for (const LayerStep& s : steps_) backends_.push_back(&plan(ctx_, s));
+  for (const LayerStep& s : steps_) choices_.push_back(plan(ctx_, s));
 }
 
 void PlannedSteps::add_weight_copy(size_t quantize, size_t gemm) {
@@ -148,7 +149,7 @@ void PlannedSteps::run() {
       std::get<MGemmStep>(steps_[c.gemm].args).gemm.b.dequantized.dense.data = copy.ptr;
       releases_.emplace_back(c.gemm, std::move(copy));
     }
-    detail::run(ctx_, *backends_[i], steps_[i]);
+    if (!planning(ctx_)) detail::run(ctx_, choices_[i], steps_[i]);
     std::erase_if(releases_, [i](const std::pair<size_t, Buffer>& r) { return r.first == i; });
   }
 }

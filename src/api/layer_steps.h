@@ -39,12 +39,14 @@ struct LayerStep {
   const Fc2BiasGradStep& fc2_bias_grads() const { return std::get<Fc2BiasGradStep>(args); }
 };
 
-// Picks the step's backend and records the decision under the step's label (throws as select()).
-Backend& plan(Context& ctx, const LayerStep& step);
-// The backend plan() would pick, or null; records nothing, never throws.
-Backend* would_plan(const Context& ctx, const LayerStep& step);
-// Runs the step on `backend`.
-void run(Context& ctx, Backend& backend, const LayerStep& step);
+// Picks the step's backend and its plan there, and records the decision under the step's label
+// (throws as select()).
+Choice plan(Context& ctx, const LayerStep& step);
+// The choice plan() would make (a null backend where none can serve the step); records nothing,
+// never throws.
+Choice would_plan(const Context& ctx, const LayerStep& step);
+// Runs the step as planned.
+void run(Context& ctx, const Choice& choice, const LayerStep& step);
 
 // Steps whose backends are all chosen, in order, before the first one runs: a step no backend can
 // serve fails the call with nothing written.
@@ -61,12 +63,15 @@ class PlannedSteps {
   // Frees `buffer` (stream-ordered) once steps[after] has run: every step that reads it is at or
   // before `after`.
   void release_after(size_t after, Buffer buffer);
-  void run();  // every step, in order
+  // Every step, in order; in a planning context (set_planning_target) none runs, and the steps'
+  // buffers are only counted.
+  void run();
+  const std::vector<Choice>& choices() const { return choices_; }
 
  private:
   Context& ctx_;
   std::vector<LayerStep> steps_;
-  std::vector<Backend*> backends_;
+  std::vector<Choice> choices_;
   struct Copy {
     size_t quantize, gemm;
   };

@@ -82,7 +82,7 @@ void quantize_mxfp8(Context& ctx, const QuantizeArgs& a) {
   check_no_alias({region("rowwise.data", a.rowwise.data), region("rowwise.scales", a.rowwise.scales),
                   region("colwise.data", a.colwise.data), region("colwise.scales", a.colwise.scales)},
                  {region("src", a.src), region("groups", a.groups.offsets)});
-  detail::select(ctx, {Step::quantize, d.device, Recipe::mxfp8, 0, K}).quantize(ctx, a);
+  detail::select(ctx, {Step::quantize, d.device, Recipe::mxfp8, 0, K}).backend->quantize(ctx, a);
 }
 
 void dequantize_mxfp8(Context& ctx, const DequantizeArgs& a) {
@@ -100,7 +100,7 @@ void dequantize_mxfp8(Context& ctx, const DequantizeArgs& a) {
   check_tensor_dtypes(a.dst, "dst", {DType::f32, DType::bf16}, {M, K}, d);
   check_no_alias({region("dst", a.dst)}, {region("src.data", a.src.data), region("src.scales", a.src.scales),
                                           region("groups", a.groups.offsets)});
-  detail::select(ctx, {Step::dequantize, d.device, Recipe::mxfp8, 0, K}).dequantize(ctx, a);
+  detail::select(ctx, {Step::dequantize, d.device, Recipe::mxfp8, 0, K}).backend->dequantize(ctx, a);
 }
 
 void grouped_gemm_m(Context& ctx, const MGroupedGemmArgs& a) {
@@ -136,7 +136,8 @@ void grouped_gemm_m(Context& ctx, const MGroupedGemmArgs& a) {
   s.gemm = a;
   detail::StepQuery q{Step::gemm_m, d.device, mx ? Recipe::mxfp8 : Recipe::bf16, N, K};
   q.gemm_m = &s;
-  detail::select(ctx, q).gemm_m(ctx, s);
+  const detail::Choice c = detail::select(ctx, q, "gemm_m");
+  c.backend->gemm_m(ctx, s, c.plan);
 }
 
 void grouped_gemm_k(Context& ctx, const KGroupedGemmArgs& a) {
@@ -159,7 +160,8 @@ void grouped_gemm_k(Context& ctx, const KGroupedGemmArgs& a) {
   check_no_alias({region("d", a.d.dense)}, {operand_region("a", a.a), operand_region("b", a.b), region("offsets", a.offsets.offsets)});
   detail::StepQuery q{Step::gemm_k, d.device, mx ? Recipe::mxfp8 : Recipe::bf16, N, M};
   q.gemm_k = &a;
-  detail::select(ctx, q).gemm_k(ctx, a);
+  const detail::Choice c = detail::select(ctx, q, "gemm_k");
+  c.backend->gemm_k(ctx, a, c.plan);
 }
 
 }  // namespace mxmoe

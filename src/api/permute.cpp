@@ -143,10 +143,11 @@ void permute_tokens(Context& ctx, const PermuteArgs& a) {
                  {region("x", a.x), region("expert_ids", a.expert_ids), region("probs", a.probs)});
 
   // Both steps' backends are picked before the first runs: a step no backend serves writes nothing.
-  detail::Backend& route = detail::select(ctx, {Step::route_tokens, d.device, Recipe::bf16, H, K});
-  detail::Backend& move = quantized ? detail::select(ctx, {Step::permute_rows, d.device, Recipe::mxfp8, H, K},
-                                                     "permute_quantize_rows")
-                                    : detail::select(ctx, {Step::permute_rows, d.device, Recipe::bf16, H, K});
+  detail::Backend& route = *detail::select(ctx, {Step::route_tokens, d.device, Recipe::bf16, H, K}).backend;
+  detail::Backend& move = *(quantized ? detail::select(ctx, {Step::permute_rows, d.device, Recipe::mxfp8, H, K},
+                                                       "permute_quantize_rows")
+                                      : detail::select(ctx, {Step::permute_rows, d.device, Recipe::bf16, H, K}))
+                               .backend;
   const detail::RouteTokensStep r{.expert_ids = a.expert_ids,
                                   .experts = E,
                                   .capacity = a.capacity,
@@ -184,7 +185,7 @@ void unpermute_tokens(Context& ctx, const UnpermuteArgs& a) {
   check_no_alias(
       {region("y", a.y), region("probs", a.probs)},
       {region("permuted_y", a.permuted_y), region("row_map", a.row_map), region("permuted_probs", a.permuted_probs)});
-  detail::select(ctx, {Step::unpermute_rows, d.device, Recipe::bf16, H, K}).unpermute_rows(ctx, a);
+  detail::select(ctx, {Step::unpermute_rows, d.device, Recipe::bf16, H, K}).backend->unpermute_rows(ctx, a);
 }
 
 void permute_by_map(Context& ctx, const PermuteByMapArgs& a) {
@@ -200,7 +201,7 @@ void permute_by_map(Context& ctx, const PermuteByMapArgs& a) {
   check_row_map_values(a.row_map, "row_map", R, /*injective=*/true, d);
   check_no_alias({region("permuted_x", a.permuted_x), region("permuted_probs", a.permuted_probs)},
                  {region("x", a.x), region("row_map", a.row_map), region("probs", a.probs)});
-  detail::select(ctx, {Step::permute_rows, d.device, Recipe::bf16, H, K}).permute_rows(ctx, a);
+  detail::select(ctx, {Step::permute_rows, d.device, Recipe::bf16, H, K}).backend->permute_rows(ctx, a);
 }
 
 }  // namespace mxmoe

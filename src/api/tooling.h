@@ -3,6 +3,7 @@
 // and the unquantized fp64 reference layer (`mxmoe run`'s sanity check). No other src/ header may
 // be included from tools/ (docs/architecture.md "Who may include whom"; tests/check_includes.py).
 #pragma once
+#include "src/api/layer_plan.h"
 #include "src/api/layer_state.h"
 #include "src/api/layer_steps.h"
 #include "src/common/pool.h"  // mxmoe bench's peaks: the library pool's watermark

@@ -80,7 +80,7 @@ cudaMemPool_t library_pool(int device) {
 cudaError_t pool_malloc_async(void** ptr, size_t bytes, cudaStream_t stream, int device) {
   // Under capture the allocation is plain cudaMallocAsync, a graph memory node, as before the library
   // had a pool. The capture check comes first: cudaStreamGetDevice under a global capture fails with
-  // cudaErrorStreamCaptureUnsupported and invalidates the capture (H200, CUDA 13.0, session 17).
+  // cudaErrorStreamCaptureUnsupported and invalidates the capture (seen on the H200 with CUDA 13.0).
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   const cudaError_t e = cudaStreamIsCapturing(stream, &status);
   if (e != cudaSuccess) return e;

@@ -12,6 +12,7 @@
 #include "mxmoe/ops.h"
 #include "mxmoe/permute.h"
 #include "src/common/glu.h"
+#include "src/dispatch/device_facts.h"
 #include "src/common/memory.h"  // Buffer, allocate(): kept here for existing includers
 
 namespace mxmoe::detail {
@@ -36,8 +37,8 @@ struct StepQuery {
   Device device;          // where the data lives
   Recipe recipe = Recipe::bf16;
   int64_t n = 0, k = 0;   // GEMM N and K; the permute steps: H and top-k K (0 where neither)
-  // The GEMM step itself, for probes that take only some of its shapes, layouts or outputs (set by
-  // plan() and the ops entry points for gemm_m / gemm_k; valid only during the call).
+  // The GEMM step itself, for probes and plans that depend on its shapes, layouts or outputs (set
+  // by the layer's steps and the ops entry points for gemm_m / gemm_k; valid only during the call).
   const MGemmStep* gemm_m = nullptr;
   const KGroupedGemmArgs* gemm_k = nullptr;
   bool pow2_scales = false;  // fp8_blockwise: the operands' scales are powers of two (Problem::pow2_scales)
@@ -80,10 +81,10 @@ struct MGemmStep {
   GradOut db1;                       // glu_backward: db1_e = sum over the group's rows of fp32 dC
   bool pow2_scales = false;          // fp8_block out_row / out_col: power-of-two scales
   // MXFP8 weights kept only as their bf16 copy (gemm.b.dequantized; gemm.b.data carries the shape,
-  // dtype e4m3 and device, with no bytes): the layer's per-call weights where the backend that
-  // serves the step reads copies (Backend::reads_weight_copies). Dispatch offers such a step only to
-  // those backends. The copy's address may be null while the step is planned (the layer makes the
-  // copy just before the step runs).
+  // dtype e4m3 and device, with no bytes): the layer's weights where the step's plan reads the copy
+  // (WeightForm::bf16_copy). Dispatch offers such a step only to backends whose plan reads it. The
+  // copy's address may be null while the step is planned (the layer makes the copy just before the
+  // step runs).
   bool b_copy_only = false;
 };
 
@@ -158,23 +159,58 @@ struct PermuteQuantizeStep {
   Mxfp8View colwise;      // optional e4m3 [R, H] + e8m0 colwise_scale_bytes(R, H, E)
 };
 
+// ---- The plan of a step: what the backend that serves it will do, decided before anything runs ----
+
+// What a GEMM step reads of the layer's weights. prepare_weights makes the forms the plans of the
+// layer's GEMMs read; a call without prepared weights quantizes into the form its step's plan reads.
+enum class WeightForm : uint8_t {
+  none,        // the step reads no weights (wgrads, quantizers, the bias gradients)
+  given,       // the weights as passed (the bf16 recipe; per-expert pointers too)
+  quantized,   // the recipe's FP8 copy: MXFP8 row-wise (fprop) / column-wise (dgrad), or 128x128 blocks
+  bf16_copy,   // the quantized weights' exact bf16 copy alone (MGemmStep::b_copy_only)
+  transposed,  // fp8_blockwise dgrad: the 128x128-block copy transposed, [E, cols, rows]
+};
+const char* to_string(WeightForm f);
+
+// One kernel (or memory operation) a step enqueues, in order.
+struct Launch {
+  std::string kernel;  // e.g. "gemm", "dequantize_b", "quantize_out", "reduce_dprob"
+  std::string config;  // its configuration, where it has several ("" otherwise)
+};
+
+struct StepPlan {
+  // The step's named configuration: the entry of the backend's table its plan function chose, or
+  // the one Options::overrides named. "default" for backends with one way to run a step.
+  std::string config = "default";
+  std::vector<Launch> launches;
+  int64_t workspace = 0;  // bytes of library memory the step takes while it runs, freed after it
+  WeightForm weights = WeightForm::none;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
-  // Can this backend run on `device` at all (hardware, build)? Reason either way.
-  virtual Probe probe_device(Device device) const = 0;
+  // Can this backend run on the device of `f` at all (hardware, build)? Reason either way. `f` may
+  // be a planning target (DeviceFacts::planned), on which nothing runs.
+  virtual Probe probe_device(const DeviceFacts& f) const = 0;
+  // The same on the driver's (or the host's) facts of `d`.
+  Probe probe_device(Device d) const;
   // Can it run this particular step? Called only when probe_device() said yes.
   virtual Probe probe(const StepQuery& q) const = 0;
-  // Whether its m-grouped GEMMs read MXFP8 weights from their bf16 copy (ExpertOperand::dequantized)
-  // alone, so that a step may carry no FP8 weight bytes (MGemmStep::b_copy_only).
-  virtual bool reads_weight_copies() const { return false; }
+  // The plan of a step that probe() took: a pure function of the step (shapes, layouts, formats)
+  // and the device. `config` empty: the backend's own choice (its table of measured winners);
+  // otherwise the configuration Options::overrides named for the step, or an Error naming the
+  // override where this backend has no such configuration or it cannot run the step. The default
+  // is one launch named after the step, with no workspace, reading the weights as given.
+  virtual StepPlan plan(const StepQuery& q, const std::string& config) const;
 
   virtual void quantize(Context& ctx, const QuantizeArgs& a) = 0;
   virtual void dequantize(Context& ctx, const DequantizeArgs& a) = 0;
   virtual void quantize_experts(Context& ctx, const QuantizeExpertsStep& s) = 0;
-  virtual void gemm_m(Context& ctx, const MGemmStep& s) = 0;
-  virtual void gemm_k(Context& ctx, const KGroupedGemmArgs& a) = 0;
+  // The GEMM steps run the plan plan() returned for them.
+  virtual void gemm_m(Context& ctx, const MGemmStep& s, const StepPlan& plan) = 0;
+  virtual void gemm_k(Context& ctx, const KGroupedGemmArgs& a, const StepPlan& plan) = 0;
   virtual void fc2_bias_grads(Context& ctx, const Fc2BiasGradStep& s) = 0;
   virtual void route_tokens(Context& ctx, const RouteTokensStep& s) = 0;
   virtual void permute_rows(Context& ctx, const PermuteByMapArgs& a) = 0;
@@ -204,16 +240,20 @@ Backend* find_backend(const std::string& name);
 // error messages and of `mxmoe --help`.
 std::string backend_names();
 
-// Picks the backend for a step, honouring force/deny options, records the decision in the
-// context's report, and throws mxmoe::Error only when no backend can serve the step.
-Backend& select(Context& ctx, const StepQuery& q);
-// The backend select() would pick, or null; records nothing, never throws.
-Backend* would_select(const Context& ctx, const StepQuery& q);
-// The first backend select() would consider for device d (forced and denied ones honoured, available
-// there) whatever the step, or null.
-Backend* first_usable(const Context& ctx, Device d);
-// Same, recorded under `label` (e.g. "fc1_fprop") instead of the generic step name.
-Backend& select(Context& ctx, const StepQuery& q, const std::string& label);
+// A dispatch decision: the backend that serves a step and its plan there.
+struct Choice {
+  Backend* backend = nullptr;
+  StepPlan plan;
+};
+
+// Picks the backend for a step, honouring force/deny options, plans the step there (with the
+// configuration Options::overrides names for `label`, if any), records the decision in the
+// context's report under `label` (e.g. "fc1_fprop"; empty: the generic step name), and throws
+// mxmoe::Error only when no backend can serve the step or an override cannot apply.
+Choice select(Context& ctx, const StepQuery& q, const std::string& label = {});
+// The choice select() would make, with a null backend where none can serve the step; records
+// nothing, never throws (an override that cannot apply leaves the backend's own choice).
+Choice would_select(const Context& ctx, const StepQuery& q, const std::string& label = {});
 
 // Backend factories (defined in their own folders; CUDA ones return nullptr without CUDA).
 Backend* cpu_backend();

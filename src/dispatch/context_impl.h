@@ -1,17 +1,22 @@
-// What a Context holds: its options and the dispatch report. Dispatch reads the options and
-// records each decision here; the public Context (src/api/context.cpp) hands both out.
+// What a Context holds: its options, the dispatch report, and (for `mxmoe plan`) the device it plans
+// for. Dispatch reads the options and records each decision here; the public Context
+// (src/api/context.cpp) hands both out.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "mxmoe/context.h"
+#include "src/dispatch/device_facts.h"
 
 namespace mxmoe::detail {
 
 struct ContextImpl {
   Options options;
   std::vector<StepRecord> report;
-  void record(StepRecord r);  // repeated identical decisions are merged
+  std::optional<DeviceFacts> target;  // set_planning_target: plan for this device
+  bool dry_run = false;               // steps plan but never run (set_planning_target, plan_layer)
+  void record(StepRecord r);          // repeated identical decisions are merged
   void* stream() const { return options.stream; }
 };
 

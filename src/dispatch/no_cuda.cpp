@@ -1,5 +1,6 @@
 // Without CUDA the GPU backends still exist in the registry, so `mxmoe info` and every report say
 // why they are unavailable instead of silently omitting them.
+#include "src/dispatch/device_facts.h"
 #include "src/dispatch/refusing_backend.h"
 
 #if !defined(MXMOE_WITH_CUDA)
@@ -11,7 +12,7 @@ class UnbuiltBackend final : public RefusingBackend {
  public:
   explicit UnbuiltBackend(const char* name) : RefusingBackend("mxmoe was built without CUDA"), name_(name) {}
   const char* name() const override { return name_; }
-  Probe probe_device(Device) const override { return {false, "mxmoe was built without CUDA (nvcc not found)"}; }
+  Probe probe_device(const DeviceFacts&) const override { return {false, "mxmoe was built without CUDA"}; }
 
  private:
   const char* name_;
@@ -30,6 +31,11 @@ Backend* cuda_sm90_backend() {
 Backend* cuda_sm100_backend() {
   static UnbuiltBackend b("cuda_sm100");
   return &b;
+}
+
+const DeviceFacts& cuda_device_facts(int index) {
+  static const DeviceFacts none{.problem = "mxmoe was built without CUDA"};
+  return none;
 }
 
 }  // namespace detail

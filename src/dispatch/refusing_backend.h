@@ -18,8 +18,8 @@ class RefusingBackend : public Backend {
   void quantize(Context&, const QuantizeArgs&) override { refuse(Step::quantize); }
   void dequantize(Context&, const DequantizeArgs&) override { refuse(Step::dequantize); }
   void quantize_experts(Context&, const QuantizeExpertsStep&) override { refuse(Step::quantize_experts); }
-  void gemm_m(Context&, const MGemmStep&) override { refuse(Step::gemm_m); }
-  void gemm_k(Context&, const KGroupedGemmArgs&) override { refuse(Step::gemm_k); }
+  void gemm_m(Context&, const MGemmStep&, const StepPlan&) override { refuse(Step::gemm_m); }
+  void gemm_k(Context&, const KGroupedGemmArgs&, const StepPlan&) override { refuse(Step::gemm_k); }
   void fc2_bias_grads(Context&, const Fc2BiasGradStep&) override { refuse(Step::fc2_bias_grads); }
   void route_tokens(Context&, const RouteTokensStep&) override { refuse(Step::route_tokens); }
   void permute_rows(Context&, const PermuteByMapArgs&) override { refuse(Step::permute_rows); }

@@ -227,7 +227,71 @@ def case_json_fields():
               "%r vs --version %r" % (d.get("mxmoe_version"), version))
 
 
+def build_has(backend):
+    """Whether this build has `backend`'s kernels (mxmoe info says "not built" or "without CUDA" otherwise)."""
+    out = subprocess.run([BIN, "info"], capture_output=True, text=True).stdout
+    line = next((l for l in out.splitlines() if l.split()[:1] == [backend]), "")
+    return line != "" and "not built" not in line and "without CUDA" not in line
+
+
+GEMM_STEPS = ("fc1_fprop", "fc2_fprop", "fc2_dgrad", "fc1_dgrad", "fc2_wgrad", "fc1_wgrad")
+
+
+def case_plan():
+    """`mxmoe plan` prints every step of a training step for any target, without a GPU; --json too."""
+    presets = ("dsv3", "qwen3-30b", "gptoss-120b", "mixtral", "small")
+    if not build_has("cuda_portable"):  # a build without CUDA plans the CPU only, and says why not a GPU
+        expect(["plan", "--arch", "sm_90a"], 3, "a GPU target in a build without CUDA",
+               stderr_has=("built without CUDA",))
+        expect(["plan", "--arch", "cpu"], 0, "plan for the CPU", stdout_has=("fc1_fprop",))
+        return
+    for arch in ("sm_80", "sm_90a", "sm_100a", "cpu"):
+        for recipe in ("mxfp8", "bf16", "fp8_blockwise"):
+            for preset in presets:
+                extra = ["--pow2-scales"] if recipe == "fp8_blockwise" and arch in ("sm_80", "sm_100a") else []
+                rc, out, err, _ = expect(["plan", "--arch", arch, "--preset", preset, "--recipe", recipe] + extra, 0,
+                                         "plan %s %s %s" % (arch, preset, recipe))
+                rows = [l for l in out.splitlines() if l and not l.startswith(" ")]
+                steps = [r.split()[0] for r in rows[2:-1]]
+                check(all(s in steps for s in GEMM_STEPS), "every GEMM step has a row (%s %s %s)" %
+                      (arch, preset, recipe), out[-800:])
+    # Which backend serves which GEMM, where this build has it.
+    if build_has("cuda_sm90"):
+        rc, out, err, _ = run("plan", "--arch", "sm_90a", "--preset", "dsv3", "--recipe", "mxfp8")
+        for step in GEMM_STEPS:
+            row = next(l for l in out.splitlines() if l.startswith(step + " "))
+            check(row.split()[1] == "cuda_sm90", "sm_90a mxfp8: %s on cuda_sm90" % step, row)
+        fc2_dgrad = next(l for l in out.splitlines() if l.startswith("fc2_dgrad "))
+        check(fc2_dgrad.split()[2] == "mxfp8_dequant_n256", "dsv3's MXFP8 FC2 dgrad (K = 7168) dequantizes A",
+              fc2_dgrad)
+        expect(["plan", "--arch", "sm_90a", "--preset", "dsv3", "--override", "fc2_dgrad=mxfp8_regs_n128"], 0,
+               "an override names the configuration", stdout_has=("mxfp8_regs_n128",))
+        expect(["plan", "--arch", "sm_90a", "--preset", "dsv3", "--override", "fc2_dgrad=nonsense"], 3,
+               "an unknown configuration is an error naming the override and the known ones",
+               stderr_has=("options.overrides", "fc2_dgrad=nonsense", "mxfp8_dequant_n128"))
+    if build_has("cuda_sm100"):
+        rc, out, err, _ = run("plan", "--arch", "sm_100a", "--preset", "dsv3", "--recipe", "mxfp8")
+        for step in ("fc2_fprop", "fc1_dgrad", "fc2_wgrad", "fc1_wgrad"):
+            row = next(l for l in out.splitlines() if l.startswith(step + " "))
+            check(row.split()[1] == "cuda_sm100", "sm_100a mxfp8: %s on cuda_sm100" % step, row)
+    rc, out, err, _ = run("plan", "--arch", "sm_80", "--preset", "qwen3-30b", "--recipe", "bf16")
+    check(all(next(l for l in out.splitlines() if l.startswith(s + " ")).split()[1] == "cuda_portable"
+              for s in GEMM_STEPS), "sm_80: every GEMM on cuda_portable", out[-800:])
+    expect(["plan", "--arch", "sm_75"], 2, "an unknown --arch is a usage error", stderr_has=("--arch", "sm_75"))
+    expect(["plan", "--arch", "sm_90a", "--override", "fc2_dgrad"], 2, "--override needs STEP=CONFIG",
+           stderr_has=("STEP=CONFIG",))
+    with tempfile.TemporaryDirectory() as tmp:
+        j = os.path.join(tmp, "plan.json")
+        expect(["plan", "--arch", "sm_90a", "--preset", "mixtral", "--prepared", "--json", j], 0, "plan --json")
+        d = json.load(open(j))
+        check(d["target"] == "sm_90a" and d["problem"]["preset"] == "mixtral", "plan JSON: target and problem")
+        check(all(set(s) >= {"step", "backend", "config", "workspace_bytes", "weights", "launches", "skipped"}
+                  for s in d["steps"]), "plan JSON: step fields")
+        check(any(s["step"].startswith("prepare.") for s in d["steps"]), "--prepared plans prepare_weights too")
+
+
 CASES = {
+    "plan": case_plan,
     "zero_tokens": case_zero_tokens,
     "small_tokens": case_small_tokens,
     "fp8_blockwise": case_fp8_blockwise,

@@ -86,13 +86,13 @@ StoreResult run_store(detail::Backend& backend, const StoreCase& c) {
   if (!r.dense.available) return r;
   Context ctx;
   s.gemm.d = d.dv();
-  backend.gemm_m(ctx, s);
+  run_gemm_m(ctx, backend, q, s);
   s.gemm.d = d3.dv();
-  backend.gemm_m(ctx, s);
+  run_gemm_m(ctx, backend, q, s);
   s.gemm.b = w.dev(true);
   s.gemm.d = d2.dv();
   r.per_expert = probe_step(backend, q, s);
-  if (r.per_expert.available) backend.gemm_m(ctx, s);
+  if (r.per_expert.available) run_gemm_m(ctx, backend, q, s);
   sync();
 
   const HostTensor got = d.download(), got2 = d2.download(), got3 = d3.download();
@@ -168,21 +168,16 @@ TEST_P(GpuGemmM, StoreHandlesAllEmptySingleExpertAndSkewedSplits) {
 }
 
 #if defined(MXMOE_WITH_CUDA)
-// body(pow2) in the fp8_blockwise backward modes of cuda_sm90, each with its switches set: the FP8
-// backward (the default; fp32 scales too) with each FP8 mainloop (MXMOE_SM90_FP8_MAINLOOP: staged
-// scales by default, l2), and MXMOE_SM90_FP8_BLOCK=forward (power-of-two scales only: BF16 kernels on
-// dequantized operands). Other backends ignore the switches (power-of-two scales only).
+// body(pow2) in each of cuda_sm90's fp8_blockwise routes: its own plan (FP8 wgmma; fp32 scales too),
+// and the BF16 kernels on the exactly dequantized operands (fp8_dequant: power-of-two scales only).
+// Other backends: their plan, power-of-two scales only where they refuse fp32 ones.
 template <class F>
-void for_each_fp8_backward_mode(F body) {
-  for (int mode : {0, 1, 2}) {
-    const bool fp8_kernels = mode < 2;
-    const char* mainloop = mode == 1 ? "l2" : nullptr;
-    SCOPED_TRACE(mode == 2 ? std::string("MXMOE_SM90_FP8_BLOCK=forward")
-                           : std::string("FP8 backward, mainloop ") + (mainloop ? mainloop : "staged"));
-    EnvOverride env("MXMOE_SM90_FP8_BLOCK", fp8_kernels ? nullptr : "forward");
-    EnvOverride env2("MXMOE_SM90_FP8_MAINLOOP", mainloop);
+void for_each_fp8_route(const detail::Backend& backend, F body) {
+  for (const std::string& config : configs_of(backend, {"fp8_dequant"})) {
+    SCOPED_TRACE("configuration " + (config.empty() ? std::string("(the plan's)") : config));
+    const ScopedStepConfig scoped(config);
     for (bool pow2 : {true, false})
-      if (pow2 || fp8_kernels) body(pow2);
+      if (pow2 || config.empty()) body(pow2);
   }
 }
 
@@ -276,9 +271,9 @@ void expect_fp8_block_store_ok(detail::Backend& backend, const Fp8Case& c, doubl
   q.pow2_scales = c.pow2;
   MXMOE_SKIP_UNLESS_SERVED(backend, probe_step(backend, q, s));
   Context ctx;
-  backend.gemm_m(ctx, s);
+  run_gemm_m(ctx, backend, q, s);
   s.gemm.d = d2.dv();
-  backend.gemm_m(ctx, s);
+  run_gemm_m(ctx, backend, q, s);
   sync();
   const HostTensor got = d.download(), got2 = d2.download();
   EXPECT_LE(rel_error(got.view, ref.view), tol);
@@ -295,29 +290,25 @@ void expect_fp8_block_store_ok(detail::Backend& backend, const Fp8Case& c, doubl
 }
 #endif
 
-// Every mainloop of cuda_sm90's FP8 kernels (MXMOE_SM90_FP8_MAINLOOP): scales staged in shared memory
-// by the producer (default), loaded by the consumers from L2, staged with the consumers in turn.
+// fp32 and power-of-two scales on the backend's plan, and on cuda_sm90's dequantized route.
 TEST_P(GpuGemmM, Fp8BlockStoreMatchesTheBlockRuleForFp32AndPow2Scales) {
 #if defined(MXMOE_WITH_CUDA)
-  for (const char* mainloop : {static_cast<const char*>(nullptr), "l2"})
-  for (bool pow2 : {false, true}) {
-    SCOPED_TRACE(std::string("MXMOE_SM90_FP8_MAINLOOP=") + (mainloop ? mainloop : "(default)"));
-    EnvOverride env("MXMOE_SM90_FP8_MAINLOOP", mainloop);
+  for_each_fp8_route(backend(), [&](bool pow2) {
     expect_fp8_block_store_ok(backend(), {{0, 1, 127, 129, 300, 0}, 256, 128, pow2}, 3e-4);
     expect_fp8_block_store_ok(backend(), {{37, 0, 130}, 2880, 1408 + 64, pow2}, 3e-4);  // K, N tails of 128
     expect_fp8_block_store_ok(backend(), {{0, 0, 0}, 128, 64, pow2}, 3e-4);
     expect_fp8_block_store_ok(backend(), {{513, 2, 1}, 400, 200, pow2}, 3e-4);
     expect_fp8_block_store_ok(backend(), {{37, 5, 140}, 256, 100, pow2}, 3e-4);  // 200-byte rows (not 16-byte aligned)
-  }
+  });
 #endif
 }
 
 // The dgrad orientation: cuda_sm90's FP8-wgmma path on transposed weights (fp32 scales too), and with
-// power-of-two scales on every backend that takes them (cuda_sm90 with MXMOE_SM90_FP8_BLOCK=forward:
+// power-of-two scales on every backend that takes them (cuda_sm90 in its fp8_dequant configuration:
 // the BF16 kernels on dequantized operands).
 TEST_P(GpuGemmM, Fp8BlockDgradMatchesTheBlockRule) {
 #if defined(MXMOE_WITH_CUDA)
-  for_each_fp8_backward_mode([&](bool pow2) {
+  for_each_fp8_route(backend(), [&](bool pow2) {
     expect_fp8_block_store_ok(backend(), {{0, 1, 127, 129, 300, 0}, 256, 128, pow2, true}, 3e-4);
     expect_fp8_block_store_ok(backend(), {{37, 0, 130}, 1408 + 64, 2880, pow2, true}, 3e-4);
     expect_fp8_block_store_ok(backend(), {{513, 2, 1}, 400, 208, pow2, true}, 3e-4);
@@ -361,9 +352,9 @@ void expect_gemm_k_ok(detail::Backend& backend, const KCase& c) {
   const detail::StepQuery q{detail::Step::gemm_k, kGpu0, recipe_of(c.mx), c.n, c.m};
   MXMOE_SKIP_UNLESS_SERVED(backend, probe_step(backend, q, k));
   Context ctx;
-  backend.gemm_k(ctx, k);
+  run_gemm_k(ctx, backend, q, k);
   k.d.dense = d3.dv();
-  backend.gemm_k(ctx, k);
+  run_gemm_k(ctx, backend, q, k);
   // Per-expert output pointers into d2.
   HostTensor ptrs(DType::i64, {experts});
   const int64_t elem = c.out == DType::f32 ? 4 : 2;
@@ -373,7 +364,7 @@ void expect_gemm_k_ok(detail::Backend& backend, const KCase& c) {
   k.d.dense = TensorView{};
   k.d.pointers = table.dv();
   const detail::Probe per_expert = probe_step(backend, q, k);
-  if (per_expert.available) backend.gemm_k(ctx, k);
+  if (per_expert.available) run_gemm_k(ctx, backend, q, k);
   sync();
 
   const HostTensor got = d.download(), got2 = d2.download(), got3 = d3.download();
@@ -447,9 +438,9 @@ void expect_fp8_block_wgrad_ok(detail::Backend& backend, const std::vector<int>&
   q.pow2_scales = pow2;
   MXMOE_SKIP_UNLESS_SERVED(backend, probe_step(backend, q, k));
   Context ctx;
-  backend.gemm_k(ctx, k);
+  run_gemm_k(ctx, backend, q, k);
   k.d.dense = d2.dv();
-  backend.gemm_k(ctx, k);
+  run_gemm_k(ctx, backend, q, k);
   sync();
   const HostTensor got = d.download(), got2 = d2.download();
   HostTensor got32(DType::f32, {experts, m, n});
@@ -470,11 +461,11 @@ void expect_fp8_block_wgrad_ok(detail::Backend& backend, const std::vector<int>&
 #endif
 
 // cuda_sm90's FP8-wgmma kernel on transposed whole-block operands (fp32 scales too), and with
-// power-of-two scales on every backend that takes them (cuda_sm90 with MXMOE_SM90_FP8_BLOCK=forward:
+// power-of-two scales on every backend that takes them (cuda_sm90 in its fp8_dequant configuration:
 // the BF16 kernel on dequantized operands).
 TEST_P(GpuGemmK, Fp8BlockMatchesTheBlockRule) {
 #if defined(MXMOE_WITH_CUDA)
-  for_each_fp8_backward_mode([&](bool pow2) {
+  for_each_fp8_route(backend(), [&](bool pow2) {
     expect_fp8_block_wgrad_ok(backend(), {0, 1, 127, 129, 300, 0}, 128, 256, pow2, false, DType::f32);
     expect_fp8_block_wgrad_ok(backend(), {37, 0, 130, 5}, 200, 136, pow2, true, DType::f32);
     expect_fp8_block_wgrad_ok(backend(), {256, 3}, 64, 72, pow2, false, DType::bf16);

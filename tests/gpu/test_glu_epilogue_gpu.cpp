@@ -134,15 +134,15 @@ void expect_glu_forward_ok(detail::Backend& backend, const GluCase& c) {
   const detail::LayerStep dense = step(true, false, cmat, a_bf16, amx);
   MXMOE_SKIP_UNLESS_SERVED(backend, probe_step(backend, dense));
   Context ctx;
-  detail::run(ctx, backend, dense);
+  run_on(ctx, backend, dense);
   const detail::LayerStep per_expert = step(true, true, cmat2, a_bf16_2, amx2);
   const detail::Probe per_expert_served = probe_step(backend, per_expert);
   if (!per_expert_served.available) {
     // A second dense run instead: the checks below then compare two runs (still bit-identical).
     note_refused(backend, "per-expert weight pointers", per_expert_served);
-    detail::run(ctx, backend, step(true, false, cmat2, a_bf16_2, amx2));
+    run_on(ctx, backend, step(true, false, cmat2, a_bf16_2, amx2));
   } else {
-    detail::run(ctx, backend, per_expert);
+    run_on(ctx, backend, per_expert);
   }
   sync();
 
@@ -205,15 +205,15 @@ void expect_glu_backward_ok(detail::Backend& backend, const GluCase& c, const Bw
   const detail::LayerStep dense = step(true, false, db1, dc, dp, dmx);
   MXMOE_SKIP_UNLESS_SERVED(backend, probe_step(backend, dense));
   Context ctx;
-  detail::run(ctx, backend, dense);
+  run_on(ctx, backend, dense);
   const detail::LayerStep per_expert = step(true, true, db1_2, dc2, dp2, dmx2);
   const detail::Probe per_expert_served = probe_step(backend, per_expert);
   if (!per_expert_served.available) {
     // A second dense run instead: the checks below then compare two runs (still bit-identical).
     note_refused(backend, "per-expert weight pointers", per_expert_served);
-    detail::run(ctx, backend, step(true, false, db1_2, dc2, dp2, dmx2));
+    run_on(ctx, backend, step(true, false, db1_2, dc2, dp2, dmx2));
   } else {
-    detail::run(ctx, backend, per_expert);
+    run_on(ctx, backend, per_expert);
   }
   sync();
 
@@ -263,33 +263,27 @@ void expect_mx_bytes(const MxOutDual& got, const HostMx& want, const char* what)
 }
 
 // docs/numerics.md "Quantized value": a GLU step's MXFP8 output (A or dC) is the quantization of the
-// bf16 values the same step writes. Three device runs of one step: bf16 and MXFP8 outputs together
-// (their MXFP8 bytes must equal the CPU quantizer applied to that bf16 output), MXFP8 only (cuda_sm90:
-// the fused quantizing epilogue, nothing bf16 written), and MXFP8 only with
-// MXMOE_SM90_MX_EPILOGUE=unfused (bf16 to a transient buffer, then the quantizer): all bit-identical.
+// bf16 values the same step writes. Two device runs of one step: bf16 and MXFP8 outputs together
+// (their MXFP8 bytes must equal the CPU quantizer applied to that bf16 output), and MXFP8 only
+// (cuda_sm90: the fused quantizing epilogue, nothing bf16 written): bit-identical.
 template <class MakeStep>
 void expect_quantized_output_exact(detail::Backend& backend, const Inputs& in, int64_t cols, ScaleLayout l,
                                    MakeStep make_step) {
   const int64_t t = in.t, e = in.experts;
   Dual both_bf16 = poisoned(DType::bf16, {t, cols});
-  MxOutDual both(t, cols, e), fused(t, cols, e), unfused(t, cols, e);
+  MxOutDual both(t, cols, e), fused(t, cols, e);
   const detail::LayerStep first = make_step(glu_output(true, true, l, both_bf16, both));
   MXMOE_SKIP_UNLESS_SERVED(backend, probe_step(backend, first));
   Context ctx;
   detail::LayerStep with_bf16 = first;
   std::get<MGemmStep>(with_bf16.args).out_bf16 = both_bf16.dv();
-  detail::run(ctx, backend, with_bf16);
-  detail::run(ctx, backend, make_step(glu_output(true, true, l, both_bf16, fused)));
-  {
-    const EnvOverride unfused_switch("MXMOE_SM90_MX_EPILOGUE", "unfused");
-    detail::run(ctx, backend, make_step(glu_output(true, true, l, both_bf16, unfused)));
-  }
+  run_on(ctx, backend, with_bf16);
+  run_on(ctx, backend, make_step(glu_output(true, true, l, both_bf16, fused)));
   sync();
   const HostTensor bf16 = both_bf16.download();
   const HostMx want = cpu_quantized(bf16, in.offsets_h, e, l);
   expect_mx_bytes(both, want, "bf16 and MXFP8 outputs together");
   expect_mx_bytes(fused, want, "MXFP8 output only");
-  expect_mx_bytes(unfused, want, "MXFP8 output only, MXMOE_SM90_MX_EPILOGUE=unfused");
 }
 
 void expect_glu_forward_quantized_exact(detail::Backend& backend, const GluCase& c) {
@@ -410,28 +404,17 @@ TEST_P(GpuGluBackward, MatchesCpuBothRecipesActivationsAndLayouts) {
 #endif
 }
 
-// cuda_sm90's MXFP8 GLU-backward variants, chosen by switches read per call (src/cuda/sm90/gemm_m.cu):
-// 128- and 256-wide tiles forced (MXMOE_SM90_MX_GLU_BWD_N=128 / 256; the default takes 128 up to
-// K = 4096, so these shapes run 128-wide unforced), epilogue warps on 192- and 128-wide tiles with the A
-// scales from L2 (MXMOE_SM90_MX_GLU_BWD=ew / ew128), pingpong (pp), BF16 operands through the BF16 kernel
-// and the quantizer (bf16; the default from K = 4096), the same with dC quantized in the BF16 kernel's
-// epilogue (bf16q: Mx::q where F % 32 = 0, as in every case here that asks for MXFP8 dC), the Mx::a
-// kernel at every K (mx), and no switch (the case at K = 4160 takes the BF16 route unforced). Several
-// n-tiles and a partial last one, groups ending inside tiles, both GLU and scale layouts, MXFP8 and
-// bf16 dC. Other backends ignore them.
-// (Each switch is set for a scope with EnvOverride: cuda_sm90 reads them per call.)
-
+// cuda_sm90's MXFP8 GLU-backward configurations (src/cuda/sm90/gemm_m.cu), each run by name besides
+// the plan's own choice: A converted in registers (mxfp8_regs, the choice below K = 4096) and A
+// dequantized first through the BF16 kernel and the quantizer (mxfp8_dequant, the choice from
+// K = 4096), 128- and 256-wide tiles. Several n-tiles and a partial last one, groups ending inside
+// tiles, both GLU and scale layouts, MXFP8 and bf16 dC. Other backends run their plan.
 TEST_P(GpuGluBackward, Mxfp8TileVariantsMatchCpu) {
 #if defined(MXMOE_WITH_CUDA)
-  // (pp: every case here asks for db1, so the switch must leave them on the cooperative kernel;
-  // Mxfp8PingpongMatchesCpu below runs the pingpong kernel itself)
-  for (auto [name, value] : {std::pair{"MXMOE_SM90_MX_GLU_BWD_N", "128"}, std::pair{"MXMOE_SM90_MX_GLU_BWD_N", "256"},
-                             std::pair{"MXMOE_SM90_MX_GLU_BWD", "ew"}, std::pair{"MXMOE_SM90_MX_GLU_BWD", "ew128"},
-                             std::pair{"MXMOE_SM90_MX_GLU_BWD", "pp"}, std::pair{"MXMOE_SM90_MX_GLU_BWD", "bf16"},
-                             std::pair{"MXMOE_SM90_MX_GLU_BWD", "bf16q"}, std::pair{"MXMOE_SM90_MX_GLU_BWD", "mx"},
-                             std::pair{"MXMOE_SM90_MX_GLU_BWD", ""}}) {
-    SCOPED_TRACE(testing::Message() << name << "=" << value);
-    const EnvOverride on(name, value);
+  for (const std::string& config : configs_of(backend(), {"mxfp8_regs_n128", "mxfp8_regs_n256", "mxfp8_dequant_n128",
+                                                        "mxfp8_dequant_n256"})) {
+    SCOPED_TRACE("configuration " + (config.empty() ? std::string("(the plan's)") : config));
+    const ScopedStepConfig scoped(config);
     expect_glu_backward_ok(backend(),
                            GluCase{.sizes = {41, 0, 129, 300}, .h = 320, .f = 1440, .mx = true, .mx_out = true,
                                    .b_kn = true, .act = Activation::clamped_swiglu, .layout = GluLayout::interleave32},
@@ -446,115 +429,6 @@ TEST_P(GpuGluBackward, Mxfp8TileVariantsMatchCpu) {
                                               .b_kn = true, .scale_layout = ScaleLayout::swizzled},
                            BwdOptions{.db1 = DType::f32});
   }
-#endif
-}
-
-// cuda_sm90's pingpong consumers for the MXFP8 GLU forward (MXMOE_SM90_MX_GLU_FWD=pp, session 17):
-// the MXFP8 cases of the tests above (tiles whose upper half lies past the group's end, empty and
-// one-row groups, K of 45 k-blocks, both layouts and scale layouts, saved C and MXFP8 A), and the
-// quantized A against the quantization of the kernel's own bf16 A.
-TEST_P(GpuGluForward, Mxfp8PingpongMatchesCpu) {
-#if defined(MXMOE_WITH_CUDA)
-  const EnvOverride pp("MXMOE_SM90_MX_GLU_FWD", "pp");
-  for (GluLayout layout : {GluLayout::halves, GluLayout::interleave32}) {
-    SCOPED_TRACE(testing::Message() << "layout=" << static_cast<int>(layout));
-    expect_glu_forward_ok(backend(), GluCase{.h = 512, .f = 96, .mx = true, .mx_out = true,
-                                             .act = Activation::clamped_swiglu, .layout = layout});
-    expect_glu_forward_ok(backend(), GluCase{.sizes = {37, 0, 161}, .h = 2880, .f = 1408, .mx = true, .mx_out = true,
-                                             .act = Activation::clamped_swiglu, .layout = layout,
-                                             .scale_layout = ScaleLayout::swizzled});
-    expect_glu_forward_ok(backend(), GluCase{.sizes = {0, 0, 300, 0, 1}, .h = 128, .f = 160, .mx = true,
-                                             .mx_out = true, .layout = layout, .scale_layout = ScaleLayout::swizzled});
-    expect_glu_forward_quantized_exact(backend(), GluCase{.sizes = {37, 0, 161, 300, 1}, .h = 192, .f = 416,
-                                                          .act = Activation::clamped_swiglu, .layout = layout});
-  }
-  expect_glu_forward_ok(backend(), GluCase{.sizes = {0, 0}, .mx = true, .mx_out = true});
-#endif
-}
-
-// cuda_sm90's pingpong consumers for the MXFP8 GLU backward (MXMOE_SM90_MX_GLU_BWD=pp, session 17),
-// 128- and 256-wide: taken where no db1 is asked for. Tiles whose upper 64-row half lies past the
-// group's end (41, 37 and 161 rows), empty groups, a one-row group, several n-tiles with a partial
-// last one, a K of many k-blocks (and so several tiles per CTA walking the ring twice each), both
-// GLU and scale layouts, MXFP8 and bf16 dC; then a case with db1, which takes the cooperative kernel.
-TEST_P(GpuGluBackward, Mxfp8PingpongMatchesCpu) {
-#if defined(MXMOE_WITH_CUDA)
-  const BwdOptions no_db1{.with_db1 = false};
-  for (const char* width : {"128", "256"}) {
-    SCOPED_TRACE(testing::Message() << "MXMOE_SM90_MX_GLU_BWD=pp, MXMOE_SM90_MX_GLU_BWD_N=" << width);
-    const EnvOverride pp("MXMOE_SM90_MX_GLU_BWD", "pp"), n("MXMOE_SM90_MX_GLU_BWD_N", width);
-    expect_glu_backward_ok(backend(),
-                           GluCase{.sizes = {41, 0, 129, 300}, .h = 320, .f = 1440, .mx = true, .mx_out = true,
-                                   .b_kn = true, .act = Activation::clamped_swiglu, .layout = GluLayout::interleave32},
-                           no_db1);
-    expect_glu_backward_ok(backend(), GluCase{.sizes = {37, 0, 161, 300, 1}, .h = 192, .f = 416, .mx = true,
-                                              .mx_out = false, .b_kn = true},
-                           no_db1);
-    expect_glu_backward_ok(backend(), GluCase{.sizes = {41, 0, 129}, .h = 1408, .f = 2880 / 2, .mx = true,
-                                              .mx_out = true, .b_kn = true, .act = Activation::clamped_swiglu,
-                                              .layout = GluLayout::interleave32, .scale_layout = ScaleLayout::swizzled},
-                           BwdOptions{.dprob_add = false, .with_db1 = false});
-    expect_glu_backward_ok(backend(), GluCase{.sizes = {600, 0, 1300, 64, 0, 700}, .h = 2048, .f = 768, .mx = true,
-                                              .mx_out = true, .b_kn = true},
-                           no_db1);
-    expect_glu_backward_ok(backend(), GluCase{.sizes = {0, 0, 0}, .mx = true, .mx_out = true, .b_kn = true}, no_db1);
-    expect_glu_backward_ok(backend(), GluCase{.sizes = {41, 0, 129, 300}, .h = 320, .f = 1440, .mx = true,
-                                              .mx_out = true, .b_kn = true},
-                           BwdOptions{.db1 = DType::f32, .accumulate = true});
-  }
-#endif
-}
-
-// The BF16 GLU steps with pingpong consumers (MXMOE_SM90_FC1_FPROP=pp, MXMOE_SM90_FC2_DGRAD=pp, session
-// 17; FC2 dgrad: where no db1 is asked for, and never on the epilogue warps): forward and backward on
-// tiles whose upper half lies past the group's end, empty and one-row groups, several n-tiles with a
-// partial last one, 128- and 256-wide FC2 dgrad tiles (F <= 128 and above), a K of many k-blocks.
-TEST_P(GpuGluForward, Bf16PingpongMatchesCpu) {
-#if defined(MXMOE_WITH_CUDA)
-  const EnvOverride pp("MXMOE_SM90_FC1_FPROP", "pp");
-  for (GluLayout layout : {GluLayout::halves, GluLayout::interleave32}) {
-    SCOPED_TRACE(testing::Message() << "layout=" << static_cast<int>(layout));
-    expect_glu_forward_ok(backend(), GluCase{.sizes = {37, 0, 161, 300, 1}, .h = 2048, .f = 416,
-                                             .act = Activation::clamped_swiglu, .layout = layout});
-    expect_glu_forward_ok(backend(), GluCase{.h = 512, .f = 96, .layout = layout});
-  }
-  expect_glu_forward_ok(backend(), GluCase{.sizes = {0, 0}});
-#endif
-}
-
-TEST_P(GpuGluBackward, Bf16PingpongMatchesCpu) {
-#if defined(MXMOE_WITH_CUDA)
-  const EnvOverride pp("MXMOE_SM90_FC2_DGRAD", "pp");
-  const BwdOptions no_db1{.with_db1 = false};
-  expect_glu_backward_ok(backend(),
-                         GluCase{.sizes = {41, 0, 129, 300}, .h = 320, .f = 1440, .b_kn = true,
-                                 .act = Activation::clamped_swiglu, .layout = GluLayout::interleave32},
-                         no_db1);
-  expect_glu_backward_ok(backend(), GluCase{.sizes = {600, 0, 1300, 64, 0, 700}, .h = 2048, .f = 768, .b_kn = true},
-                         no_db1);
-  expect_glu_backward_ok(backend(), GluCase{.sizes = {37, 0, 161, 1}, .h = 192, .f = 96, .b_kn = true}, no_db1);
-  expect_glu_backward_ok(backend(), GluCase{.sizes = {0, 0, 0}, .b_kn = true}, no_db1);
-  expect_glu_backward_ok(backend(), GluCase{.sizes = {41, 0, 129, 300}, .h = 320, .f = 1440, .b_kn = true},
-                         BwdOptions{.db1 = DType::f32, .accumulate = true});  // db1: the cooperative kernel
-#endif
-}
-
-// The BF16 FC2 dgrad with epilogue warps (MXMOE_SM90_FC2_DGRAD=ew; the layer's default until session
-// 18, when the H200 caught it hung in `mxmoe bench`, so opt-in since): widths of whole and partial
-// 192-wide tiles, groups ending inside tiles, empty and one-row groups, db1 in both types and none,
-// both GLU layouts. Other backends ignore the switch.
-TEST_P(GpuGluBackward, Bf16EpilogueWarpsMatchCpu) {
-#if defined(MXMOE_WITH_CUDA)
-  const EnvOverride ew("MXMOE_SM90_FC2_DGRAD", "ew");
-  expect_glu_backward_ok(backend(),
-                         GluCase{.sizes = {41, 0, 129, 300}, .h = 320, .f = 1440, .b_kn = true,
-                                 .act = Activation::clamped_swiglu, .layout = GluLayout::interleave32},
-                         BwdOptions{.db1 = DType::f32, .accumulate = true});
-  expect_glu_backward_ok(backend(), GluCase{.sizes = {600, 0, 1300, 64, 0, 700}, .h = 2048, .f = 576, .b_kn = true},
-                         BwdOptions{.with_db1 = false});
-  expect_glu_backward_ok(backend(), GluCase{.sizes = {37, 0, 161, 1}, .h = 192, .f = 200, .b_kn = true},
-                         BwdOptions{.db1 = DType::bf16, .dprob_add = false});
-  expect_glu_backward_ok(backend(), GluCase{.sizes = {0, 0, 0}, .b_kn = true});
 #endif
 }
 

@@ -89,10 +89,13 @@ MXMOE_GPU_BACKEND_SUITE(GpuLayer);
 // jumps between a value and 0. Compared against the CPU's own C, fp8_clamped_interleave_bias (gain 8,
 // many C values near L) missed the tolerance on dx, dw1 and db1 in about one run in ten on the H200
 // (session 12), the forward-only FP8 path included.
-void expect_case_matches_cpu(const std::string& backend, const GpuCase& c) {
+void expect_case_matches_cpu(const std::string& backend, const GpuCase& c,
+                             const std::vector<StepOverride>& overrides = {}) {
   LayerData d = make_layer_data(c.problem, c.sizes, c.weight_gain);
   Context cpu({.backend = "cpu"});
-  Context gpu(prefer_backend(backend));
+  Options o = prefer_backend(backend);
+  o.overrides = overrides;
+  Context gpu(o);
   LayerOutputs out = run_layer(gpu, Device{DeviceType::cuda, 0}, d);
   RunConfig at_gpu_c;
   at_gpu_c.saved_c = &out.c;
@@ -109,16 +112,14 @@ TEST_P(GpuLayer, MatchesCpuReferenceAtSameQuantizationPoints) {
   }
 }
 
-// fp8_blockwise with the whole backward on cuda_sm90's FP8-wgmma kernels (the default: the dgrads
-// on transposed weight copies, the wgrads on transposed token blocks) against the CPU at the
-// same-points tolerance, power-of-two and fp32 scales, each FP8 mainloop; then with
-// MXMOE_SM90_FP8_BLOCK=forward (the backward on dequantized operands, power-of-two scales).
+// fp8_blockwise with the whole backward on cuda_sm90's FP8-wgmma kernels (its plan: the dgrads on
+// transposed weight copies, the wgrads on transposed token blocks) against the CPU at the
+// same-points tolerance, power-of-two and fp32 scales; then with the backward GEMMs in cuda_sm90's
+// fp8_dequant configuration (the BF16 kernels on the exactly dequantized operands, power-of-two
+// scales), named through Options::overrides.
 TEST_P(GpuLayer, Fp8BlockwiseWithFp8BackwardMatchesCpu) {
-  for (const char* mainloop : {static_cast<const char*>(nullptr), "l2"})  // MXMOE_SM90_FP8_MAINLOOP
   for (GpuCase c : cases()) {
     if (c.problem.recipe != Recipe::fp8_blockwise) continue;
-    EnvOverride env2("MXMOE_SM90_FP8_MAINLOOP", mainloop);
-    SCOPED_TRACE(std::string("mainloop ") + (mainloop ? mainloop : "staged (default)"));
     for (bool pow2 : {true, false}) {
       if (!pow2 && backend_name() != "cuda_sm90") continue;  // fp32 scales: only the FP8 kernels take them
       c.problem.pow2_scales = pow2;
@@ -126,12 +127,14 @@ TEST_P(GpuLayer, Fp8BlockwiseWithFp8BackwardMatchesCpu) {
       expect_case_matches_cpu(backend_name(), c);
     }
   }
-  EnvOverride env("MXMOE_SM90_FP8_BLOCK", "forward");
+  if (backend_name() != "cuda_sm90") return;
+  std::vector<StepOverride> dequantized;
+  for (const char* step : {"fc2_dgrad", "fc1_dgrad", "fc2_wgrad", "fc1_wgrad"}) dequantized.push_back({step, "fp8_dequant"});
   for (GpuCase c : cases()) {
     if (c.problem.recipe != Recipe::fp8_blockwise) continue;
-    SCOPED_TRACE(std::string(c.name) + " pow2 with MXMOE_SM90_FP8_BLOCK=forward");
+    SCOPED_TRACE(std::string(c.name) + " pow2, the backward in fp8_dequant");
     c.problem.pow2_scales = true;
-    expect_case_matches_cpu(backend_name(), c);
+    expect_case_matches_cpu(backend_name(), c, dequantized);
   }
 }
 

@@ -34,7 +34,9 @@ class MissingWgradBackend final : public detail::Backend {
  public:
   int gemm_m_calls = 0;
   const char* name() const override { return "test_fast"; }
-  detail::Probe probe_device(Device d) const override { return {d.type == DeviceType::cpu, "host only"}; }
+  detail::Probe probe_device(const detail::DeviceFacts& f) const override {
+    return {f.device.type == DeviceType::cpu, "host only"};
+  }
   detail::Probe probe(const detail::StepQuery& q) const override {
     if (q.step == detail::Step::gemm_k) return {false, "grouped wgrad kernel not found for this configuration"};
     return {true, ""};
@@ -42,11 +44,11 @@ class MissingWgradBackend final : public detail::Backend {
   void quantize(Context&, const QuantizeArgs& a) override { cpu::quantize(a); }
   void dequantize(Context&, const DequantizeArgs& a) override { cpu::dequantize(a); }
   void quantize_experts(Context&, const detail::QuantizeExpertsStep& s) override { cpu::quantize_experts(s); }
-  void gemm_m(Context&, const detail::MGemmStep& s) override {
+  void gemm_m(Context&, const detail::MGemmStep& s, const detail::StepPlan&) override {
     ++gemm_m_calls;
     cpu::gemm_m(s);
   }
-  void gemm_k(Context&, const KGroupedGemmArgs&) override { ADD_FAILURE() << "gemm_k must not be called"; }
+  void gemm_k(Context&, const KGroupedGemmArgs&, const detail::StepPlan&) override { ADD_FAILURE() << "gemm_k must not be called"; }
   void fc2_bias_grads(Context&, const detail::Fc2BiasGradStep& s) override { cpu::fc2_bias_grads(s); }
   void route_tokens(Context&, const detail::RouteTokensStep& s) override { cpu::route_tokens(s); }
   void permute_rows(Context&, const PermuteByMapArgs& a) override { cpu::permute_rows(a); }
@@ -83,18 +85,30 @@ class CopyReadingBackend final : public detail::Backend {
  public:
   int copy_gemms = 0, fp8_gemms = 0;
   const char* name() const override { return "test_copy_reader"; }
-  detail::Probe probe_device(Device d) const override { return {d.type == DeviceType::cpu, "host only"}; }
+  detail::Probe probe_device(const detail::DeviceFacts& f) const override {
+    return {f.device.type == DeviceType::cpu, "host only"};
+  }
   bool refuse_glu_backward = false;  // as cuda_sm90 refuses a step for its shapes or alignment
   detail::Probe probe(const detail::StepQuery& q) const override {
     if (refuse_glu_backward && q.gemm_m != nullptr && q.gemm_m->epilogue == detail::Epilogue::glu_backward)
       return {false, "glu_backward refused (test)"};
     return {q.step == detail::Step::gemm_m, "m-grouped GEMMs only"};
   }
-  bool reads_weight_copies() const override { return true; }
+  // "copy" (the choice): reads the weights' bf16 copy where the step carries only that; "fp8": reads
+  // FP8 weights, so the layer gives it FP8 weights.
+  detail::StepPlan plan(const detail::StepQuery& q, const std::string& config) const override {
+    if (!config.empty() && config != "copy" && config != "fp8")
+      throw Error("options.overrides", "test_copy_reader has no configuration '" + config + "'");
+    detail::StepPlan p;
+    p.config = config.empty() ? "copy" : config;
+    const bool copy = p.config == "copy" && q.gemm_m != nullptr && q.gemm_m->b_copy_only;
+    p.weights = copy ? detail::WeightForm::bf16_copy : detail::WeightForm::quantized;
+    return p;
+  }
   void quantize(Context&, const QuantizeArgs&) override { ADD_FAILURE() << "quantize"; }
   void dequantize(Context&, const DequantizeArgs&) override { ADD_FAILURE() << "dequantize"; }
   void quantize_experts(Context&, const detail::QuantizeExpertsStep&) override { ADD_FAILURE() << "quantize_experts"; }
-  void gemm_m(Context&, const detail::MGemmStep& s) override {
+  void gemm_m(Context&, const detail::MGemmStep& s, const detail::StepPlan&) override {
     if (!s.b_copy_only) {
       ++fp8_gemms;
       return cpu::gemm_m(s);
@@ -109,7 +123,7 @@ class CopyReadingBackend final : public detail::Backend {
     t.b_copy_only = false;
     cpu::gemm_m(t);
   }
-  void gemm_k(Context&, const KGroupedGemmArgs&) override { ADD_FAILURE() << "gemm_k"; }
+  void gemm_k(Context&, const KGroupedGemmArgs&, const detail::StepPlan&) override { ADD_FAILURE() << "gemm_k"; }
   void fc2_bias_grads(Context&, const detail::Fc2BiasGradStep&) override { ADD_FAILURE() << "fc2_bias_grads"; }
   void route_tokens(Context&, const detail::RouteTokensStep&) override { ADD_FAILURE() << "route_tokens"; }
   void permute_rows(Context&, const PermuteByMapArgs&) override { ADD_FAILURE() << "permute_rows"; }
@@ -118,8 +132,9 @@ class CopyReadingBackend final : public detail::Backend {
 
 // Where the GEMMs' backend reads weight copies, the layer's per-call MXFP8 weights go straight into
 // one shared bf16 copy (no FP8 weight bytes): same bytes out as the CPU's FP8 route, for both scale
-// layouts, dense and per-expert weights, now and deferred wgrad; MXMOE_SM90_MX_WEIGHTS=fp8 keeps FP8
-// operands; the bf16 and fp8_blockwise recipes are untouched.
+// layouts, dense and per-expert weights, now and deferred wgrad; the GEMMs overridden to a
+// configuration that reads FP8 weights (Options::overrides) get FP8 operands; the bf16 and
+// fp8_blockwise recipes are untouched.
 TEST(Dispatch, PerCallWeightsGoStraightToTheBf16CopyWhereTheGemmBackendReadsCopies) {
   CopyReadingBackend reader;
   for (ScaleLayout layout : {ScaleLayout::compact, ScaleLayout::swizzled}) {
@@ -136,18 +151,20 @@ TEST(Dispatch, PerCallWeightsGoStraightToTheBf16CopyWhereTheGemmBackendReadsCopi
       Context cpu(cpu_only);
       const LayerOutputs ref = run_layer(cpu, Device{}, d);
       for (bool deferred : {false, true}) {
-        for (bool fp8_env : {false, true}) {
-          SCOPED_TRACE(std::string(deferred ? "deferred" : "now") + (fp8_env ? " MXMOE_SM90_MX_WEIGHTS=fp8" : ""));
-          if (fp8_env) setenv("MXMOE_SM90_MX_WEIGHTS", "fp8", 1);
+        for (bool fp8 : {false, true}) {
+          SCOPED_TRACE(std::string(deferred ? "deferred" : "now") + (fp8 ? " GEMMs overridden to fp8" : ""));
+          Options with = o;
+          if (fp8)
+            for (const char* step : {"fc1_fprop", "fc2_fprop", "fc2_dgrad", "fc1_dgrad"})
+              with.overrides.push_back({step, "fp8"});
           reader.copy_gemms = reader.fp8_gemms = 0;
           detail::register_backend(&reader);
-          Context ctx(o);
+          Context ctx(with);
           LayerOutputs out;
           EXPECT_NO_THROW(out = run_layer(ctx, Device{}, d, RunConfig{.deferred_wgrad = deferred}));
           detail::unregister_backend(&reader);
-          unsetenv("MXMOE_SM90_MX_WEIGHTS");
-          EXPECT_EQ(reader.copy_gemms, fp8_env ? 0 : 4);
-          EXPECT_EQ(reader.fp8_gemms, fp8_env ? 4 : 0);
+          EXPECT_EQ(reader.copy_gemms, fp8 ? 0 : 4);
+          EXPECT_EQ(reader.fp8_gemms, fp8 ? 4 : 0);
           EXPECT_EQ(find_step(out.report, "fc1_dgrad")->backend, "test_copy_reader");
           EXPECT_EQ(find_step(out.report, "quantize_w1_col")->backend, "cpu");
           for (auto [got, want, what] : {std::tuple{&out.y, &ref.y, "y"}, {&out.dx, &ref.dx, "dx"},

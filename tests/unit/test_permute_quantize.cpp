@@ -190,7 +190,9 @@ class NoFusedPermuteBackend final : public detail::Backend {
   bool refuse_fused = true;
   int permute_calls = 0;
   const char* name() const override { return "test_no_fused_permute"; }
-  detail::Probe probe_device(Device d) const override { return {d.type == DeviceType::cpu, "host only"}; }
+  detail::Probe probe_device(const detail::DeviceFacts& f) const override {
+    return {f.device.type == DeviceType::cpu, "host only"};
+  }
   detail::Probe probe(const detail::StepQuery& q) const override {
     if (refuse_fused && q.step == detail::Step::permute_rows && q.recipe == Recipe::mxfp8)
       return {false, "no fused permute-quantize kernel here"};
@@ -199,8 +201,8 @@ class NoFusedPermuteBackend final : public detail::Backend {
   void quantize(Context&, const QuantizeArgs& a) override { cpu::quantize(a); }
   void dequantize(Context&, const DequantizeArgs& a) override { cpu::dequantize(a); }
   void quantize_experts(Context&, const detail::QuantizeExpertsStep& s) override { cpu::quantize_experts(s); }
-  void gemm_m(Context&, const detail::MGemmStep& s) override { cpu::gemm_m(s); }
-  void gemm_k(Context&, const KGroupedGemmArgs& a) override { cpu::gemm_k(a); }
+  void gemm_m(Context&, const detail::MGemmStep& s, const detail::StepPlan&) override { cpu::gemm_m(s); }
+  void gemm_k(Context&, const KGroupedGemmArgs& a, const detail::StepPlan&) override { cpu::gemm_k(a); }
   void fc2_bias_grads(Context&, const detail::Fc2BiasGradStep& s) override { cpu::fc2_bias_grads(s); }
   void route_tokens(Context&, const detail::RouteTokensStep& s) override { cpu::route_tokens(s); }
   void permute_rows(Context&, const PermuteByMapArgs& a) override {

@@ -122,6 +122,52 @@ void reject_run_flags(CLI::App* app, const std::vector<std::string>& valued, con
         ->group("");
 }
 
+// The problem flags of `run` and `plan`.
+void problem_options(CLI::App* app, CliOptions& o) {
+  preset_option(app, o,
+                "model preset (default: dsv3 with a GPU, small without one or with --backend cpu)");
+  int_option(app, "--hidden", o.hidden, 1, kMaxHidden, "H: override the preset's hidden size");
+  int_option(app, "--ffn", o.ffn, 1, kMaxFfn, "F: override the preset's per-expert FFN size");
+  int_option(app, "--experts", o.experts, 1, kMaxExperts, "E: override the preset's expert count");
+  int_option(app, "--tokens", o.tokens, 0, kMaxTokens, "T: override the preset's token count");
+  app->add_flag("--skew", o.skew, "skewed token split (Dirichlet(0.5), some experts empty); default balanced");
+  enum_option<Recipe>(app, "--recipe", o.recipe,
+                      {{"mxfp8", Recipe::mxfp8}, {"bf16", Recipe::bf16}, {"fp8_blockwise", Recipe::fp8_blockwise}},
+                      "numeric recipe (default mxfp8; fp8_blockwise with fp32 scales runs on a Hopper GPU (cuda_sm90), "
+                      "on other GPUs only with --pow2-scales, else on the CPU)");
+  app->add_flag("--pow2-scales", o.pow2_scales, "fp8_blockwise: power-of-two scales");
+  enum_option<Activation>(app, "--activation", o.activation,
+                          {{"swiglu", Activation::swiglu}, {"clamped_swiglu", Activation::clamped_swiglu}},
+                          "activation (default: the preset's)");
+  enum_option<GluLayout>(app, "--glu-layout", o.glu_layout,
+                         {{"halves", GluLayout::halves}, {"interleave32", GluLayout::interleave32}},
+                         "GLU column layout of W1 (default: the preset's)");
+  app->add_flag("--bias", o.bias, "FC1 and FC2 biases");
+  app->add_flag("--scale-fc2-bias", o.scale_fc2_bias, "FC2 adds p*b2 instead of b2 (implies --bias)");
+  enum_option<WeightLayout>(app, "--weight-layout", o.weight_layout,
+                            {{"dense", WeightLayout::dense}, {"per_expert", WeightLayout::per_expert}},
+                            "expert weights as one tensor or a pointer table (default dense)");
+}
+
+// --override STEP=CONFIG (repeatable): a step in a named configuration of the backend that serves it
+// (`mxmoe plan` lists each step's configuration).
+void override_option(CLI::App* app, CliOptions& o) {
+  app->add_option_function<std::vector<std::string>>(
+         "--override",
+         [&o](const std::vector<std::string>& items) {
+           for (const std::string& v : items) {
+             const size_t eq = v.find('=');
+             if (eq == std::string::npos || eq == 0 || eq + 1 == v.size())
+               throw CLI::ValidationError("--override", "expects STEP=CONFIG (e.g. fc2_dgrad=mxfp8_regs_n128), got '" +
+                                                            v + "'");
+             o.overrides.push_back({v.substr(0, eq), v.substr(eq + 1)});
+           }
+         },
+         "run STEP in the named configuration of its backend (repeatable; `mxmoe plan` lists them)")
+      ->type_name("STEP=CONFIG")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+}
+
 constexpr const char* kExitStatus =
     "exit status: 0 all checks passed, 1 a check failed, 2 bad command line, 3 error";
 
@@ -154,29 +200,8 @@ std::optional<int> parse_args(int argc, char** argv, CliOptions& o) {
 
   CLI::App* run = app.add_subcommand("run", "build a random problem, run forward + backward, time it and check every output");
   run->footer(kExitStatus);
-  preset_option(run, o,
-                "model preset (default: dsv3 with a GPU, small without one or with --backend cpu)");
-  int_option(run, "--hidden", o.hidden, 1, kMaxHidden, "H: override the preset's hidden size");
-  int_option(run, "--ffn", o.ffn, 1, kMaxFfn, "F: override the preset's per-expert FFN size");
-  int_option(run, "--experts", o.experts, 1, kMaxExperts, "E: override the preset's expert count");
-  int_option(run, "--tokens", o.tokens, 0, kMaxTokens, "T: override the preset's token count");
-  run->add_flag("--skew", o.skew, "skewed token split (Dirichlet(0.5), some experts empty); default balanced");
-  enum_option<Recipe>(run, "--recipe", o.recipe,
-                      {{"mxfp8", Recipe::mxfp8}, {"bf16", Recipe::bf16}, {"fp8_blockwise", Recipe::fp8_blockwise}},
-                      "numeric recipe (default mxfp8; fp8_blockwise with fp32 scales runs on a Hopper GPU (cuda_sm90), "
-                      "on other GPUs only with --pow2-scales, else on the CPU)");
-  run->add_flag("--pow2-scales", o.pow2_scales, "fp8_blockwise: power-of-two scales");
-  enum_option<Activation>(run, "--activation", o.activation,
-                          {{"swiglu", Activation::swiglu}, {"clamped_swiglu", Activation::clamped_swiglu}},
-                          "activation (default: the preset's)");
-  enum_option<GluLayout>(run, "--glu-layout", o.glu_layout,
-                         {{"halves", GluLayout::halves}, {"interleave32", GluLayout::interleave32}},
-                         "GLU column layout of W1 (default: the preset's)");
-  run->add_flag("--bias", o.bias, "FC1 and FC2 biases");
-  run->add_flag("--scale-fc2-bias", o.scale_fc2_bias, "FC2 adds p*b2 instead of b2 (implies --bias)");
-  enum_option<WeightLayout>(run, "--weight-layout", o.weight_layout,
-                            {{"dense", WeightLayout::dense}, {"per_expert", WeightLayout::per_expert}},
-                            "expert weights as one tensor or a pointer table (default dense)");
+  problem_options(run, o);
+  override_option(run, o);
   add_seed(run, o);
   backend_options(run, o, /*with_backend=*/true);
   std::optional<int64_t> check_rows;
@@ -185,6 +210,25 @@ std::optional<int> parse_args(int argc, char** argv, CliOptions& o) {
   add_json(run, o, "also write the report as JSON");
   run->add_option("--dump", o.dump_dir, "write problem.json and every input and output as .npy into DIR")
       ->type_name("DIR");
+
+  CLI::App* plan = app.add_subcommand(
+      "plan", "print what a run would do on a GPU, without one: each step's backend, configuration, launches, "
+              "workspace and weight form, and why other backends refused it");
+  plan->footer("exit status: 0 done, 2 bad command line, 3 error (a step no backend can run)");
+  plan->add_option_function<std::string>(
+          "--arch",
+          [&o](const std::string& v) {
+            if (v != "sm_80" && v != "sm_90a" && v != "sm_100a" && v != "cpu")
+              throw CLI::ValidationError("--arch", "expects sm_80|sm_90a|sm_100a|cpu, got '" + v + "'");
+            o.arch = v;
+          },
+          "the device to plan for (default: this machine's GPU 0, or the CPU)")
+      ->type_name("sm_80|sm_90a|sm_100a|cpu");
+  problem_options(plan, o);
+  plan->add_flag("--prepared", o.prepared, "with prepared weights (prepare_weights)");
+  backend_options(plan, o, /*with_backend=*/true);
+  override_option(plan, o);
+  add_json(plan, o, "also write the plan as JSON");
 
   CLI::App* bench = app.add_subcommand(
       "bench", "time each step and the whole layer on the GPU, per preset, balanced and skewed, both recipes");
@@ -201,6 +245,7 @@ std::optional<int> parse_args(int argc, char** argv, CliOptions& o) {
                      "fp32 main grad)");
   add_seed(bench, o);
   add_json(bench, o, "also write the rows and token splits as JSON (bench/peer_torch.py reads it)");
+  override_option(bench, o);
   reject_run_flags(bench,
                    {"--hidden", "--ffn", "--experts", "--tokens", "--activation", "--glu-layout", "--weight-layout",
                     "--backend", "--deny", "--check-rows", "--dump"},
@@ -218,7 +263,7 @@ std::optional<int> parse_args(int argc, char** argv, CliOptions& o) {
     bool known = false;
     for (const CLI::App* sub : app.get_subcommands({})) known |= sub->get_name() == first;
     if (!known) {
-      std::cerr << "mxmoe: unknown command '" << first << "' (info, run, bench, version, help)\n"
+      std::cerr << "mxmoe: unknown command '" << first << "' (info, run, plan, bench, version, help)\n"
                 << "run 'mxmoe --help' for the commands\n";
       return kExitUsage;
     }
@@ -245,15 +290,15 @@ std::optional<int> parse_args(int argc, char** argv, CliOptions& o) {
       std::cout << app.help();
       return kExitOk;
     }
-    for (CLI::App* sub : {info, version_cmd, run, bench})
+    for (CLI::App* sub : {info, version_cmd, run, plan, bench})
       if (sub->get_name() == help_topic) {
         std::cout << sub->help();
         return kExitOk;
       }
-    std::cerr << "mxmoe: help: unknown command '" << help_topic << "' (info, run, bench, version)\n";
+    std::cerr << "mxmoe: help: unknown command '" << help_topic << "' (info, run, plan, bench, version)\n";
     return kExitUsage;
   }
-  for (CLI::App* sub : {info, run, bench})
+  for (CLI::App* sub : {info, run, plan, bench})
     if (sub->parsed()) o.command = sub->get_name();
   if (o.scale_fc2_bias) o.bias = true;
   if (check_rows) o.check_rows = *check_rows;

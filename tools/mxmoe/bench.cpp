@@ -129,7 +129,7 @@ TensorView dv(const DevBuf& b, DType t, std::initializer_list<int64_t> shape) {
 }
 
 void bench_one(const Preset& pr, bool skew, Recipe recipe, bool pow2, DType dw_dtype, uint64_t seed,
-               std::vector<Row>& rows, std::vector<SplitRecord>& splits) {
+               const std::vector<StepOverride>& overrides, std::vector<Row>& rows, std::vector<SplitRecord>& splits) {
   using namespace detail;
   Problem p;
   p.hidden = pr.hidden;
@@ -151,7 +151,7 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, bool pow2, DType dw_d
     }
   } owned_stream;
   cudaStream_t stream = owned_stream.s;
-  Context ctx(Options{.stream = stream});
+  Context ctx(Options{.stream = stream, .overrides = overrides});
 
   auto x = random_bf16(T * H, 1.0f, g), dy = random_bf16(T * H, 1.0f, g);
   auto w1 = random_bf16(E * 2 * F * H, 1.0f / std::sqrt(float(H)), g);
@@ -250,8 +250,8 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, bool pow2, DType dw_d
   const bool mx = recipe != Recipe::bf16;  // mxfp8 or fp8_blockwise
   const QuantSpec qs = quant_spec(p, opt.scale_layout);
   auto time_step = [&](const LayerStep& st) {
-    Backend& b = plan(ctx, st);
-    add(st.label.c_str(), median_ms([&] { run(ctx, b, st); }, stream), st.cost.flops, st.cost.bytes);
+    const Choice c = plan(ctx, st);
+    add(st.label.c_str(), median_ms([&] { run(ctx, c, st); }, stream), st.cost.flops, st.cost.bytes);
   };
   auto prepare = [&](const LayerStep& st) { run(ctx, plan(ctx, st), st); };
   auto act = [&](int64_t cols, BlockAxis axis) { return make_quant(opt, dev, qs, T, cols, axis, E); };
@@ -273,15 +273,15 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, bool pow2, DType dw_d
     dc_row = act(2 * F, BlockAxis::row), dc_col = act(2 * F, BlockAxis::col);
     w1_row = weights(2 * F, H, BlockAxis::row), w2_row = weights(H, F, BlockAxis::row);
     w2_col = weights(H, F, BlockAxis::col), w1_col = weights(2 * F, H, BlockAxis::col);
-    // As prepare_weights keeps them by default where cuda_sm90 serves: bf16 copies of the
-    // dequantized weights, which its GEMMs read instead of dequantizing per call (mxfp8;
-    // fp8_blockwise with power-of-two scales when its backward is on the dequantized path), and
-    // fp8_blockwise's transposed copies, which its FP8 dgrads read. fp8_blockwise's second pair of
-    // weight copies (w*_col) holds the same 128x128 blocks: the dgrads read them.
+    // The forms prepare_weights makes where the GEMMs' plans read them: bf16 copies of the
+    // dequantized MXFP8 weights, and fp8_blockwise's transposed copies, which its FP8 dgrads read.
+    // fp8_blockwise's second pair of weight copies (w*_col) holds the same 128x128 blocks: the
+    // dgrads read them.
     const WeightsArgs wargs{fa.w1, fa.w2};
-    if (want_bf16_copies(ctx, p, wargs, dev))
+    const PreparedForms forms = prepared_forms(ctx, p, wargs, dev);
+    if (forms.bf16_copies)
       for (OwnedExpertMxfp8* w : {&w1_row, &w2_row, &w2_col, &w1_col}) w->add_bf16_copy(opt, dev);
-    if (p.recipe == Recipe::mxfp8 && copies_read_on(ctx, dev)) {
+    if (forms.bf16_copies) {
       // The layer's per-call weights where the GEMMs read bf16 copies: each weight quantized
       // straight into its copy alone (rows "quantize_w1_copy", "quantize_w2_copy"; row-wise, the
       // column-wise ones move the same bytes).
@@ -294,7 +294,7 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, bool pow2, DType dw_d
         time_step(st);
       }
     }
-    if (want_transposed_copies(ctx, p, wargs, dev))
+    if (forms.transposed)
       for (OwnedExpertMxfp8* w : {&w2_col, &w1_col}) w->add_transposed_copy(opt, dev);
     time_step(quantize_x({fa.x, fa.offsets, x_row.view, x_col.view, qs.pow2_scales}));
     if (p.recipe == Recipe::mxfp8) {
@@ -357,7 +357,7 @@ int command_bench(const CliOptions& o) {
                cuda_device_description(0).c_str(), kIters, kWarmup, dtype_name(dw_dtype));
   for (const Preset* p : list)
     for (bool skew : o.skew ? std::vector<bool>{true} : std::vector<bool>{false, true})
-      for (Recipe r : recipes) bench_one(*p, skew, r, o.pow2_scales, dw_dtype, o.seed, rows, splits);
+      for (Recipe r : recipes) bench_one(*p, skew, r, o.pow2_scales, dw_dtype, o.seed, o.overrides, rows, splits);
 
   std::printf("| preset | split | recipe | op | ms | TFLOP/s | GB/s |\n|---|---|---|---|---|---|---|\n");
   for (const Row& r : rows)

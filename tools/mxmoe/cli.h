@@ -34,7 +34,7 @@ inline constexpr int64_t kMaxExperts = int64_t{1} << 16;
 inline constexpr int64_t kMaxTokens = 2147483647;  // int32 group offsets
 
 struct CliOptions {
-  std::string command;  // info | run | bench | version
+  std::string command;  // info | run | plan | bench | version
   std::string preset;   // empty: small without a GPU (or with --backend cpu), dsv3 with one
   std::optional<int64_t> hidden, ffn, experts, tokens;
   std::optional<Recipe> recipe;
@@ -52,6 +52,9 @@ struct CliOptions {
   std::string dump_dir;
   int64_t check_rows = 0;  // 0: automatic (all rows when small, 256 sampled when large)
   std::optional<DType> dw_dtype;  // bench: the weight gradients' type (default bf16, like the peers' autograd)
+  std::vector<StepOverride> overrides;  // --override STEP=CONFIG
+  std::string arch;                     // plan: sm_80 | sm_90a | sm_100a | cpu (empty: this machine)
+  bool prepared = false;                // plan: with prepared weights
 };
 
 // Parses the command line with CLI11 (per-command flags and --help). Returns the exit status when
@@ -129,6 +132,7 @@ LayerResult run_layer(const LayerData& data, const RunSettings& settings);
 int command_info(const CliOptions& o);
 int command_run(const CliOptions& o);
 int command_bench(const CliOptions& o);  // bench.cpp
+int command_plan(const CliOptions& o);   // plan.cpp
 
 // ---- report.cpp ----
 // Pass when ||out - ref|| <= tolerance * ||ref|| + abs_floor (docs/numerics.md "Tolerances": a

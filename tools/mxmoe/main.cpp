@@ -1,6 +1,6 @@
 // `mxmoe`: the command-line tool. `info` lists the library, GPUs and backends; `run` runs one layer
-// forward + backward with timing and checks; `bench` times the steps on the GPU; `version` (and
-// `--version`) prints the version.
+// forward + backward with timing and checks; `plan` prints what a run would do on a GPU, without
+// one; `bench` times the steps on the GPU; `version` (and `--version`) prints the version.
 #include <cstdio>
 #include <exception>
 #include <new>
@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
     if (const std::optional<int> done = parse_args(argc, argv, o)) return *done;
     if (o.command == "info") return command_info(o);
     if (o.command == "bench") return command_bench(o);
+    if (o.command == "plan") return command_plan(o);
     return command_run(o);
   } catch (const UsageError& e) {
     std::fprintf(stderr, "mxmoe: %s\nrun 'mxmoe %s --help' for the flags\n", e.what(), o.command.c_str());

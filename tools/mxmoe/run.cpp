@@ -265,16 +265,26 @@ void dump(const std::string& dir, const RunConfig& cfg, const LayerData& d, cons
   if (p.fc2_bias) f32("db2", r.db2, {E, H});
 }
 
+// Whether GPU 0 has a backend for every step of the problem's layer (its plan, made without running).
+bool gpu_plans(const RunConfig& cfg) {
+  try {
+    detail::plan_layer(Context{}, cfg.problem, cfg.tokens, Device{DeviceType::cuda, 0}, /*prepared=*/false);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 void progress(const char* phase) { std::fprintf(stderr, "mxmoe: %s\n", phase); }
 
 }  // namespace
 
 int command_run(const CliOptions& o) {
-  // fp8_blockwise with fp32 scales runs on the GPU where cuda_sm90 serves it (FP8 wgmma, every GEMM);
-  // elsewhere the GPU's GEMMs take power-of-two scales only, so without a --backend it runs on the
-  // CPU (and says so).
+  // fp8_blockwise with fp32 scales runs on the GPU where every GEMM of its plan takes them (cuda_sm90:
+  // FP8 wgmma); elsewhere the GPU's GEMMs take power-of-two scales only, so without a --backend it
+  // runs on the CPU (and says so).
   const bool fp8_on_cpu = o.recipe == Recipe::fp8_blockwise && !o.pow2_scales && o.backend.empty() &&
-                          cuda_device_count() > 0 && !detail::sm90_serves(Context{}, Device{DeviceType::cuda, 0});
+                          cuda_device_count() > 0 && !gpu_plans(resolve_config(o, /*gpu=*/true));
   const bool gpu = cuda_device_count() > 0 && o.backend != "cpu" && !fp8_on_cpu;
   const RunConfig cfg = resolve_config(o, gpu);
   const Problem& p = cfg.problem;
@@ -308,6 +318,7 @@ int command_run(const CliOptions& o) {
   main_run.device = gpu ? Device{DeviceType::cuda, 0} : Device{};
   main_run.options.backend = o.backend;
   main_run.options.deny = o.deny;
+  main_run.options.overrides = o.overrides;
   main_run.warmup = gpu;
   main_run.label = "run";
   const LayerResult run = run_layer(data, main_run);

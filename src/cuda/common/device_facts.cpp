@@ -17,12 +17,13 @@ const DeviceFacts& device_facts(int index) {
   static std::vector<std::unique_ptr<DeviceFacts>> cache;
   std::lock_guard<std::mutex> lock(mu);
   if (index < 0) {
-    static const DeviceFacts bad{false, "negative device index", 0, 0, ""};
+    static const DeviceFacts bad{.device = {DeviceType::cuda, index}, .problem = "negative device index"};
     return bad;
   }
   if (cache.size() <= static_cast<size_t>(index)) cache.resize(index + 1);
   if (!cache[index]) {
     auto f = std::make_unique<DeviceFacts>();
+    f->device = {DeviceType::cuda, index};
     int n = 0;
     const cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess) {
@@ -45,6 +46,8 @@ const DeviceFacts& device_facts(int index) {
 }
 
 }  // namespace cuda
+
+const detail::DeviceFacts& detail::cuda_device_facts(int index) { return cuda::device_facts(index); }
 
 int cuda_device_count() {
   int n = 0;

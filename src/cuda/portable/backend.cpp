@@ -11,9 +11,8 @@ namespace {
 class CudaPortableBackend final : public detail::Backend {
  public:
   const char* name() const override { return "cuda_portable"; }
-  detail::Probe probe_device(Device d) const override {
-    if (d.type != DeviceType::cuda) return {false, "data is in host memory"};
-    const DeviceFacts& f = device_facts(d.index);
+  detail::Probe probe_device(const DeviceFacts& f) const override {
+    if (f.device.type != DeviceType::cuda) return {false, "data is in host memory"};
     if (!f.ok) return {false, f.problem};
     if (f.major < 8) return {false, f.name + " is " + f.cc() + "; cuda_portable needs sm_80 or newer"};
     return {true, f.name + " (" + f.cc() + "), mma.sync bf16 kernels"};
@@ -34,8 +33,12 @@ class CudaPortableBackend final : public detail::Backend {
   void quantize_experts(Context& c, const detail::QuantizeExpertsStep& s) override {
     cuda::quantize_experts(s, c.options().stream);
   }
-  void gemm_m(Context& c, const detail::MGemmStep& s) override { portable::gemm_m(s, c.options().stream); }
-  void gemm_k(Context& c, const KGroupedGemmArgs& a) override { portable::gemm_k(a, c.options().stream); }
+  void gemm_m(Context& c, const detail::MGemmStep& s, const detail::StepPlan&) override {
+    portable::gemm_m(s, c.options().stream);
+  }
+  void gemm_k(Context& c, const KGroupedGemmArgs& a, const detail::StepPlan&) override {
+    portable::gemm_k(a, c.options().stream);
+  }
   void fc2_bias_grads(Context& c, const detail::Fc2BiasGradStep& s) override {
     portable::fc2_bias_grads(s, c.options().stream);
   }

@@ -815,10 +815,9 @@ void zero_rows_from(const int32_t* used, int64_t rows, int64_t row_bytes, void* 
 // Whether permute_tokens chains its kernels with programmatic dependent launches on `device`: only
 // where the kernels that run there were compiled for sm_90 or later (their pdl_wait is real; a
 // build for sm_80 and sm_90a running on a Blackwell GPU JIT-compiles the sm_80 PTX, which has no
-// wait: chaining those would race), unless MXMOE_PERMUTE_PDL=0 (read per call; for measuring).
+// wait: chaining those would race).
 // The kernels' PTX target is asked once per device (cudaFuncGetAttributes: ptxVersion).
 static bool chain_launches(int device) {
-  if (const char* v = std::getenv("MXMOE_PERMUTE_PDL"); v != nullptr && std::string(v) == "0") return false;
   if (device < 0) return false;
   static std::mutex mu;
   static std::vector<int8_t> known;  // per device: -1 not asked yet, 0 / 1

@@ -4,7 +4,6 @@
 // per expert) or column-wise (32x1 blocks along rows, each matrix one group of `rows`,
 // colwise_matrix_scale_bytes per expert). Same kernel as cuda::quantize, one grid row per expert.
 // Run: <build>/tests/mxmoe_gpu_tests --gtest_filter='*GpuQuant.QuantizeExperts*'
-#include "src/common/env.h"
 #include "src/cuda/common/check.h"
 #include "src/cuda/common/convert.cuh"
 #include "src/cuda/common/workspace.h"
@@ -37,29 +36,19 @@ __device__ __forceinline__ uint4 dequant8(uint2 q, Scale scale) {
 // The same on the hardware conversions (convert.cuh e4m3x2_scaled_bf16x2: cvt e4m3x2 -> f16x2, the
 // f32 product, cvt.rn.bf16x2.f32, which give bf16_from_f32(e4m3 * s) for every non-NaN result) where
 // no byte is a NaN (S.1111.111, from NaN inputs) and no scale is NaN; those take dequant8's exact
-// path, which keeps the host's NaN bits. Session 19: the row-wise qdq kernel on dequant8 alone was
-// 1656 SASS instructions (static) for its one 32-value block a thread, most of them the per-value NaN
-// branches of e4m3x2_f32 and the software bf16_from_f32; without the fallback this path is 520. dsv3's
-// W1 copy ran at 2.1 TB/s (1.78 ms for 3.8 GB moved) on the exact path, 2.3 TB/s (1.66 ms) on this one
-// (session 20): so the instruction count was not all that held it (not profiled).
-// exact_only: dequant8 everywhere (MXMOE_QDQ_CONVERT=exact, below).
+// path, which keeps the host's NaN bits. The exact path alone costs about three times the
+// instructions per value (its per-value NaN branches and the software bf16 rounding); the
+// measurement is in docs/kernels/quant.md "The weights' bf16 copies".
 template <class Scale>
-__device__ __forceinline__ uint4 dequant8_fast(uint2 q, Scale scale, bool scale_nan, bool exact_only) {
+__device__ __forceinline__ uint4 dequant8_fast(uint2 q, Scale scale, bool scale_nan) {
   const uint32_t nan_bytes = (((q.x & 0x7f7f7f7fu) + 0x01010101u) | ((q.y & 0x7f7f7f7fu) + 0x01010101u)) & 0x80808080u;
-  if (nan_bytes != 0 || scale_nan || exact_only) return dequant8(q, scale);
+  if (nan_bytes != 0 || scale_nan) return dequant8(q, scale);
   const uint32_t w[2] = {q.x, q.y};
   uint32_t o[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) o[j] = e4m3x2_scaled_bf16x2(w[j / 2] >> (16 * (j % 2)), scale(2 * j), scale(2 * j + 1));
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
-
-// The expert dequantize and quantize-dequantize kernels take dequant8_fast's hardware path by default
-// (H200, session 20: the GPU quantize and layer tests bit for bit with it, memcheck clean;
-// prepare_weights 1.06-1.11x, the per-call W1/W2 copies 1.04-1.07x, the per-call MXFP8 layer
-// 1.01-1.07x, bench/results/2026-12-03-h200-sm90-s20-qdq.md). MXMOE_QDQ_CONVERT=exact (read per
-// call) decodes every value on dequant8's exact path, the before of that comparison.
-bool qdq_exact_only() { return env_is("MXMOE_QDQ_CONVERT", "exact"); }
 
 // Rows of all experts over the grid (blocks stride over the E * rows rows), 8 consecutive values of
 // a row per thread and step when cols % 8 == 0 (else 1): index math per row and chunk, not per value.
@@ -68,7 +57,7 @@ __global__ void __launch_bounds__(256) dequantize_experts_kernel(const uint8_t* 
                                                                  const uint8_t* __restrict__ scales, int64_t scale_bytes,
                                                                  int64_t rows, int64_t cols, bool colwise,
                                                                  ScaleLayout layout, int64_t all_rows,
-                                                                 uint16_t* __restrict__ dst, bool exact_only) {
+                                                                 uint16_t* __restrict__ dst) {
   const int64_t chunks = cols / kVec;
   const int64_t row_bytes = colwise_scale_row_bytes(cols), block_rows = colwise_group_scale_rows(rows);
   for (int64_t gr = blockIdx.x; gr < all_rows; gr += gridDim.x) {
@@ -97,7 +86,7 @@ __global__ void __launch_bounds__(256) dequantize_experts_kernel(const uint8_t* 
         bool scale_nan = false;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) scale_nan |= s[j] != s[j];
-        reinterpret_cast<uint4*>(out)[ch] = dequant8_fast(raw, [&](int j) { return s[j]; }, scale_nan, exact_only);
+        reinterpret_cast<uint4*>(out)[ch] = dequant8_fast(raw, [&](int j) { return s[j]; }, scale_nan);
       } else {
         out[c] = dequant_bf16(e4m3_to_f32(src[c]), s[0]);
       }
@@ -113,7 +102,7 @@ __global__ void __launch_bounds__(256) dequantize_experts_kernel(const uint8_t* 
 // columns (cols % 8 == 0), the matrix's last block partial. Dense 16-byte-aligned source and copy.
 
 __global__ void __launch_bounds__(256) qdq_rowwise_kernel(const uint16_t* __restrict__ src, int64_t blocks,
-                                                          uint16_t* __restrict__ dst, bool exact_only) {
+                                                          uint16_t* __restrict__ dst) {
   for (int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; b < blocks;
        b += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const uint4* in = reinterpret_cast<const uint4*>(src + b * kMxBlock);
@@ -131,13 +120,12 @@ __global__ void __launch_bounds__(256) qdq_rowwise_kernel(const uint16_t* __rest
     uint4* out = reinterpret_cast<uint4*>(dst + b * kMxBlock);
 #pragma unroll
     for (int q = 0; q < 4; ++q)
-      out[q] = dequant8_fast(quant::quantize8(w[q], mult), [&](int) { return scale; }, scale != scale, exact_only);
+      out[q] = dequant8_fast(quant::quantize8(w[q], mult), [&](int) { return scale; }, scale != scale);
   }
 }
 
 __global__ void __launch_bounds__(256) qdq_colwise_kernel(const uint16_t* __restrict__ src, int64_t experts,
-                                                          int64_t rows, int64_t cols, uint16_t* __restrict__ dst,
-                                                          bool exact_only) {
+                                                          int64_t rows, int64_t cols, uint16_t* __restrict__ dst) {
   const int64_t chunks = cols / 8, row_blocks = (rows + kMxBlock - 1) / kMxBlock;
   const int64_t tasks = experts * row_blocks * chunks;
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < tasks;
@@ -169,7 +157,7 @@ __global__ void __launch_bounds__(256) qdq_colwise_kernel(const uint16_t* __rest
       const uint4 v = __ldg(reinterpret_cast<const uint4*>(src + at + r * cols));
       const uint32_t w[4] = {v.x, v.y, v.z, v.w};
       *reinterpret_cast<uint4*>(dst + at + r * cols) =
-          dequant8_fast(quant::quantize8(w, mult), [&](int j) { return scale[j]; }, scale_nan, exact_only);
+          dequant8_fast(quant::quantize8(w, mult), [&](int j) { return scale[j]; }, scale_nan);
     }
   }
 }
@@ -189,11 +177,10 @@ bool quantize_dequantize_experts(const detail::QuantizeExpertsStep& s, cudaStrea
   const int64_t tasks = row ? elems / kMxBlock : s.experts * ((s.rows + kMxBlock - 1) / kMxBlock) * (s.cols / 8);
   const int64_t want = (tasks + 255) / 256, cap = 8L * sms;
   const int blocks = static_cast<int>(want < cap ? want : cap);
-  const bool exact_only = qdq_exact_only();
   if (row)
-    qdq_rowwise_kernel<<<blocks, 256, 0, stream>>>(src, tasks, dst, exact_only);
+    qdq_rowwise_kernel<<<blocks, 256, 0, stream>>>(src, tasks, dst);
   else
-    qdq_colwise_kernel<<<blocks, 256, 0, stream>>>(src, s.experts, s.rows, s.cols, dst, exact_only);
+    qdq_colwise_kernel<<<blocks, 256, 0, stream>>>(src, s.experts, s.rows, s.cols, dst);
   MXMOE_CUDA_CHECK(cudaGetLastError());
   return true;
 }
@@ -213,13 +200,12 @@ void dequantize_experts(const uint8_t* data, const uint8_t* scales, int64_t expe
   const int64_t cap = 16L * sms;
   const int blocks = static_cast<int>(all_rows < cap ? all_rows : cap);
   const bool vec = cols % 8 == 0 && reinterpret_cast<uintptr_t>(data) % 8 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
-  const bool exact = qdq_exact_only();
   if (vec)
     dequantize_experts_kernel<8><<<blocks, 256, 0, stream>>>(data, scales, scale_bytes, rows, cols, colwise, layout,
-                                                             all_rows, dst, exact);
+                                                             all_rows, dst);
   else
     dequantize_experts_kernel<1><<<blocks, 256, 0, stream>>>(data, scales, scale_bytes, rows, cols, colwise, layout,
-                                                             all_rows, dst, exact);
+                                                             all_rows, dst);
   MXMOE_CUDA_CHECK(cudaGetLastError());
 }
 

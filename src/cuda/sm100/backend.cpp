@@ -31,11 +31,13 @@ class CudaSm100Backend final : public detail::RefusingBackend {
       : RefusingBackend(*kBuildProblem ? kBuildProblem : "no sm100 kernel for this step; the next backend serves it") {}
   const char* name() const override { return "cuda_sm100"; }
 
-  detail::Probe probe_device(Device d) const override {
-    if (d.type != DeviceType::cuda) return {false, "data is in host memory"};
-    const DeviceFacts& f = device_facts(d.index);
+  detail::Probe probe_device(const DeviceFacts& f) const override {
+    if (f.device.type != DeviceType::cuda) return {false, "data is in host memory"};
     if (std::string why = device_refusal(f, kBuildProblem); !why.empty()) return {false, why};
 #if defined(MXMOE_WITH_SM100)
+    // A planned device runs nothing: its self-check is assumed to pass.
+    if (f.planned) return {true, f.name + ", CUTLASS block-scaled MXFP8 grouped GEMMs (self-check not run)"};
+    const Device d = f.device;
     if (std::string why = kernel_image_problem(d.index); !why.empty()) return {false, why};
     const detail::Probe v = verdicts_.get(d.index, [&] { return run_self_check(d.index); });
     if (!v.available) return v;
@@ -58,8 +60,12 @@ class CudaSm100Backend final : public detail::RefusingBackend {
   }
 
 #if defined(MXMOE_WITH_SM100)
-  void gemm_m(Context& c, const detail::MGemmStep& s) override { sm100::gemm_m(s, c.options().stream); }
-  void gemm_k(Context& c, const KGroupedGemmArgs& a) override { sm100::gemm_k(a, c.options().stream); }
+  void gemm_m(Context& c, const detail::MGemmStep& s, const detail::StepPlan&) override {
+    sm100::gemm_m(s, c.options().stream);
+  }
+  void gemm_k(Context& c, const KGroupedGemmArgs& a, const detail::StepPlan&) override {
+    sm100::gemm_k(a, c.options().stream);
+  }
 
  private:
   mutable VerdictCache verdicts_;

@@ -29,14 +29,6 @@ constexpr const char* kNotMxfp8 =
 bool tma_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kTmaAlign == 0; }
 bool fits_int(int64_t v) { return v <= std::numeric_limits<int>::max(); }
 
-bool two_sm_requested() {
-  static const bool v = [] {
-    const char* e = std::getenv("MXMOE_SM100_GEMM_M");
-    return e != nullptr && std::string(e) == "2sm";
-  }();
-  return v;
-}
-
 }  // namespace
 
 std::string gemm_m_refusal(const detail::MGemmStep& s) {
@@ -94,7 +86,7 @@ std::string gemm_k_refusal(const KGroupedGemmArgs& a) {
   return {};
 }
 
-void gemm_m(const detail::MGemmStep& s, void* stream_ptr, MSchedule schedule) {
+void gemm_m(const detail::MGemmStep& s, void* stream_ptr) {
   if (const std::string why = gemm_m_refusal(s); !why.empty()) throw Error("cuda_sm100", why);
   const cudaStream_t stream = as_stream(stream_ptr);
   const MGroupedGemmArgs& g = s.gemm;
@@ -123,14 +115,8 @@ void gemm_m(const detail::MGemmStep& s, void* stream_ptr, MSchedule schedule) {
                             .b = g.b.data.dense.ptr<const uint8_t>(),
                             .sfb = sfb,
                             .d = g.d.ptr<uint16_t>()};
-  if (g.b_kn) {
-    if (schedule == MSchedule::two_sm) throw Error("cuda_sm100", "no 2-SM kernel for B_e [K, N] (dgrad)");
-    run_mgrouped_kn_1sm(op, stream);
-  } else if (schedule == MSchedule::two_sm || (schedule == MSchedule::automatic && two_sm_requested())) {
-    run_mgrouped_2sm(op, stream);
-  } else {
-    run_mgrouped_1sm(op, stream);
-  }
+  if (g.b_kn) run_mgrouped_kn_1sm(op, stream);
+  else run_mgrouped_1sm(op, stream);
 }
 
 void gemm_k(const KGroupedGemmArgs& a, void* stream_ptr) {

@@ -214,11 +214,6 @@ using MGrouped1Sm = GroupedConfig<cutlass::layout::RowMajor, cutlass::layout::Co
                                   Shape<_128, _256, _128>, Shape<_1, _1, _1>,
                                   cutlass::gemm::KernelPtrArrayTmaWarpSpecialized1SmBlockScaledSm100,
                                   cutlass::epilogue::PtrArrayTmaWarpSpecialized1Sm>;
-// 2SM: 256 x 256 x 128 MMA tile over a 2x1x1 cluster (the pair of SMs shares one MMA).
-using MGrouped2Sm = GroupedConfig<cutlass::layout::RowMajor, cutlass::layout::ColumnMajor, void, cutlass::bfloat16_t,
-                                  Shape<_256, _256, _128>, Shape<_2, _1, _1>,
-                                  cutlass::gemm::KernelPtrArrayTmaWarpSpecialized2SmBlockScaledSm100,
-                                  cutlass::epilogue::PtrArrayTmaWarpSpecialized2Sm>;
 // dgrad: B_e stored [K, N] (the layer's weight read transposed), column-wise scales (blocks along K).
 using MGroupedKn1Sm = GroupedConfig<cutlass::layout::RowMajor, cutlass::layout::RowMajor, void, cutlass::bfloat16_t,
                                     Shape<_128, _256, _128>, Shape<_1, _1, _1>,

@@ -40,7 +40,6 @@ struct KGroupedOperands {
 
 // The CUTLASS kernels, one per translation unit (about 1.5 min of nvcc each on 2 cores).
 void run_mgrouped_1sm(const MGroupedOperands& op, cudaStream_t stream);     // gemm_m_1sm.cu: 128x256x128
-void run_mgrouped_2sm(const MGroupedOperands& op, cudaStream_t stream);     // gemm_m_2sm.cu: 256x256x128, 2x1 cluster
 void run_mgrouped_kn_1sm(const MGroupedOperands& op, cudaStream_t stream);  // gemm_m_kn_1sm.cu: B_e [K, N]
 void run_kgrouped_1sm(const KGroupedOperands& op, cudaStream_t stream);     // gemm_k_1sm.cu: 128x128x128
 

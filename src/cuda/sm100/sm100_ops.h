@@ -9,13 +9,6 @@
 
 namespace mxmoe::cuda::sm100 {
 
-// Which m-grouped kernel runs the step (B_e [K, N] always runs the 1-SM dgrad kernel).
-enum class MSchedule : uint8_t {
-  automatic,  // one_sm unless MXMOE_SM100_GEMM_M=2sm (no measurement yet to choose by)
-  one_sm,     // 128 x 256 tiles
-  two_sm,     // 256 x 256 tiles over a 2 x 1 cluster (UTCQMMA.2CTA)
-};
-
 // Empty when the sm100 kernels take the step; otherwise the reason they do not (the dispatch then
 // runs it on the next backend).
 //   gemm_m: MXFP8 A (row-wise) and B (dense, row-wise [N, K] or column-wise [K, N]), the store
@@ -26,7 +19,7 @@ std::string gemm_m_refusal(const detail::MGemmStep& s);
 std::string gemm_k_refusal(const KGroupedGemmArgs& a);
 
 // Throw mxmoe::Error("cuda_sm100", reason) for a step they refuse.
-void gemm_m(const detail::MGemmStep& s, void* stream, MSchedule schedule = MSchedule::automatic);
+void gemm_m(const detail::MGemmStep& s, void* stream);
 void gemm_k(const KGroupedGemmArgs& a, void* stream);
 
 // Empty when the sm_100a kernels of this build can load on `device`; else why not.

@@ -1,6 +1,7 @@
-// Host entry of the sm90 k-grouped GEMM (the weight gradients): D_e = A_e^T B_e over each expert's
-// own tokens, both operands token-major (MN-major tiles through one tensor map each over all tokens).
-// Group row ranges come from the device schedule; no host reads of the offsets, no stream sync.
+// Host planner and runner of the sm90 k-grouped GEMM (the weight gradients): D_e = A_e^T B_e over
+// each expert's own tokens, both operands token-major (MN-major tiles through one tensor map each
+// over all tokens). Group row ranges come from the device schedule; no host reads of the offsets, no
+// stream sync.
 #include <algorithm>
 #include <string>
 
@@ -8,17 +9,11 @@
 #include "src/cuda/common/check.h"
 #include "src/cuda/cuda_ops.h"
 #include "src/cuda/sm90/gemm_m_plan.h"
-#include "src/cuda/sm90/launch.cuh"
 #include "src/cuda/sm90/tensor_map.h"
 
 namespace mxmoe::cuda::sm90 {
 namespace {
-constexpr int kWgradN = 256;
-using Wgrad = KernelConfig<kWgradN, Major::mn, Major::mn, Grouping::k, Epi::wgrad, 2>;  // CTA pairs sharing B
-// FP8 blockwise wgrad: FP8 wgmma on both token-block operands transposed to [M or N, Tp]
-// (gemm_kernel.cuh Mx::blk, k-grouped), CTA pairs sharing B.
-using BlkWgrad = KernelConfig<kBlkN, Major::k, Major::k, Grouping::k, Epi::wgrad, 2, Mx::blk>;
-using SBlkWgrad = KernelConfig<kBlkN, Major::k, Major::k, Grouping::k, Epi::wgrad, 2, Mx::blk_staged>;  // staged scales
+constexpr int kWgradN = kWideN;
 constexpr int64_t kStandIn = 256;  // bytes a tensor map over no tokens points at
 }  // namespace
 
@@ -63,11 +58,11 @@ int64_t gemm_k_workspace_bytes(const KGroupedGemmArgs& a) {
   return group_schedule_bytes(a.offsets.experts(), a.a.bf16.shape[0], 0) + Workspace::aligned(kStandIn);
 }
 
-KPlan plan_gemm_k(const KGroupedGemmArgs& a, int bn, Workspace& ws, cudaStream_t stream) {
+KLaunch make_launch(const KGroupedGemmArgs& a, int bn, Workspace& ws, cudaStream_t stream) {
   const TensorView& av = a.a.bf16;
   const TensorView& bv = a.b.bf16;
   const int64_t rows = av.shape[0], m = av.shape[1], n = bv.shape[1], experts = a.offsets.experts();
-  KPlan plan;
+  KLaunch plan;
   KernelParams& p = plan.params;
   if (experts <= 0 || m == 0 || n == 0) return plan;
   wgrad_params(a, rows, m, n, bn, p);
@@ -81,70 +76,151 @@ KPlan plan_gemm_k(const KGroupedGemmArgs& a, int bn, Workspace& ws, cudaStream_t
                                 {empty ? 128 : static_cast<uint64_t>(m) * 2}, {64, kBlockK});
   plan.b = make_tensor_map_bf16("b", empty ? stand_in : bv.data, {empty ? 64 : static_cast<uint64_t>(n), T},
                                 {empty ? 128 : static_cast<uint64_t>(n) * 2}, {64, kBlockK});
-  plan.launch_tiles = static_cast<int64_t>(experts) * p.m_tiles * p.n_tiles;
+  plan.tiles = static_cast<int64_t>(experts) * p.m_tiles * p.n_tiles;
   return plan;
 }
 
-namespace {
-void run_gemm_k(const KGroupedGemmArgs& a, cudaStream_t stream) {
-  Workspace ws(gemm_k_workspace_bytes(a), stream);
-  const KPlan plan = plan_gemm_k(a, kWgradN, ws, stream);
-  launch<Wgrad>(plan.params, plan.launch_tiles, plan.a, plan.b, plan.b, stream);
+bool fp8_block_wgrad_takes(const KGroupedGemmArgs& a) {
+  return a.a.is_fp8_block() && a.b.is_fp8_block() && gemm_k_refusal(a).empty();
 }
+
+// ---- The configurations, and the choice among them ----
+
+namespace {
+
+enum class Route : uint8_t {
+  bf16,         // BF16 operands: the BF16 kernel
+  mx_dequant,   // MXFP8 column-wise operands dequantized into bf16 copies [T, M], [T, N] first
+  fp8_block,    // both operands transposed into whole 128-token blocks, K-major; FP8 wgmma with promotion
+  fp8_dequant,  // fp8_blockwise with power-of-two scales: both dequantized (exact); the BF16 kernel
+};
+
+struct Config {
+  const char* name;
+  Route route;
+};
+
+constexpr Config kConfigs[] = {
+    {"bf16_n256", Route::bf16},
+    {"mxfp8_dequant_n256", Route::mx_dequant},
+    {"fp8_block_n128", Route::fp8_block},
+    {"fp8_dequant", Route::fp8_dequant},
+};
+
+const Config* find_config(const std::string& name) {
+  for (const Config& c : kConfigs)
+    if (name == c.name) return &c;
+  return nullptr;
+}
+
+// One configuration per operand format: the choice has no measured alternative here.
+const Config& choose(const KGroupedGemmArgs& a) {
+  if (a.a.is_fp8_block()) return kConfigs[fp8_block_wgrad_takes(a) ? 2 : 3];
+  return kConfigs[a.a.is_mxfp8() ? 1 : 0];
+}
+
+std::string config_refusal(const KGroupedGemmArgs& a, const Config& c, bool pow2_scales) {
+  const bool fp8 = a.a.is_fp8_block(), mx = a.a.is_mxfp8() && !fp8;
+  switch (c.route) {
+    case Route::bf16: return a.a.is_mxfp8() ? "its operands are quantized; this configuration reads BF16" : "";
+    case Route::mx_dequant: return mx ? "" : "this configuration reads MXFP8 operands";
+    case Route::fp8_block: return fp8_block_wgrad_takes(a) ? "" : "the FP8-wgmma kernel does not take this step";
+    case Route::fp8_dequant:
+      if (!fp8) return "this configuration reads fp8_blockwise operands";
+      return pow2_scales ? "" : "dequantizing is exact only with power-of-two scales (pow2_scales)";
+  }
+  return "unknown route";
+}
+
+int64_t token_block_columns(const KGroupedGemmArgs& a, int64_t rows) {
+  return std::max<int64_t>(128, fp8_token_block_tiles(a.offsets, rows) * kFp8Block);
+}
+
 }  // namespace
 
-// MXFP8 operands (column-wise, blocks of 32 tokens restarting at each group): both are dequantized
-// FP8 blockwise (the FP8 backward, on unless MXMOE_SM90_FP8_BLOCK=forward or dequant): both operands transposed
-// into whole-block K-major copies (transpose_token_blocks), then the FP8-wgmma kernel with the
-// per-block outer-product promotion acc = fma(partial, s_a(m) s_b(n), acc).
-bool fp8_block_wgrad_takes(const KGroupedGemmArgs& a) {
-  return fp8_backward_on() && a.a.is_fp8_block() && a.b.is_fp8_block() && gemm_k_refusal(a).empty();
+detail::StepPlan plan_gemm_k(const KGroupedGemmArgs& a, bool pow2_scales, const std::string& override) {
+  const Config* c = &choose(a);
+  if (!override.empty()) {
+    c = find_config(override);
+    if (c == nullptr) {
+      std::string known;
+      for (const Config& k : kConfigs) known += (known.empty() ? "" : ", ") + std::string(k.name);
+      throw Error("options.overrides", "cuda_sm90 has no k-grouped configuration '" + override + "' (known: " + known + ")");
+    }
+    if (std::string why = config_refusal(a, *c, pow2_scales); !why.empty())
+      throw Error("options.overrides", std::string(c->name) + " cannot run this step: " + why);
+  }
+  detail::StepPlan p;
+  p.config = c->name;
+  const TensorView &av = view(a.a), &bv = view(a.b);
+  const int64_t rows = av.shape[0], m = av.shape[1], n = bv.shape[1], experts = a.offsets.experts();
+  const int64_t schedule = group_schedule_bytes(experts, rows, 0) + Workspace::aligned(kStandIn);
+  switch (c->route) {
+    case Route::bf16:
+      p.launches = {{"group_schedule", ""}, {"gemm", "bf16 wgrad 128x256"}};
+      p.workspace = schedule;
+      break;
+    case Route::mx_dequant:
+      p.launches = {{"dequantize_a", ""}, {"dequantize_b", ""}, {"group_schedule", ""}, {"gemm", "bf16 wgrad 128x256"}};
+      p.workspace = Workspace::aligned(rows * m * 2) + Workspace::aligned(rows * n * 2) + schedule;
+      break;
+    case Route::fp8_block: {
+      const int64_t tp = token_block_columns(a, rows);
+      p.launches = {{"transpose_a", ""}, {"transpose_b", ""}, {"group_schedule", ""}, {"gemm", "fp8_block wgrad 128x128"}};
+      p.workspace = Workspace::aligned(m * tp) + Workspace::aligned(n * tp) + group_schedule_bytes(experts, rows, kFp8Block);
+      break;
+    }
+    case Route::fp8_dequant:
+      p.launches = {{"dequantize_a", ""}, {"dequantize_b", ""}, {"group_schedule", ""}, {"gemm", "bf16 wgrad 128x256"}};
+      p.workspace = Workspace::aligned(rows * m * 2) + Workspace::aligned(rows * n * 2) + schedule;
+      break;
+  }
+  return p;
 }
 
+// ---- Running a plan ----
+
 namespace {
-void run_gemm_k_blk(const KGroupedGemmArgs& a, cudaStream_t stream) {
+void run_bf16(const KGroupedGemmArgs& a, cudaStream_t stream) {
+  Workspace ws(gemm_k_workspace_bytes(a), stream);
+  const KLaunch l = make_launch(a, kWgradN, ws, stream);
+  launch_gemm_k(/*fp8_block=*/false, l, stream);
+}
+void run_bf16_on(const KGroupedGemmArgs& a, void* stream) { run_bf16(a, as_stream(stream)); }
+
+// Both operands transposed into whole-block K-major copies (transpose_token_blocks), then the
+// FP8-wgmma kernel with the per-block outer-product promotion acc = fma(partial, s_a(m) s_b(n), acc).
+void run_fp8_block(const KGroupedGemmArgs& a, cudaStream_t stream) {
   const TensorView &av = a.a.mx.data, &bv = a.b.mx.data;
   const int64_t rows = av.shape[0], m = av.shape[1], n = bv.shape[1], experts = a.offsets.experts();
   if (experts <= 0 || m == 0 || n == 0) return;
-  const int64_t tp = std::max<int64_t>(128, fp8_token_block_tiles(a.offsets, rows) * kFp8Block);
+  const int64_t tp = token_block_columns(a, rows);
   Workspace tmp(Workspace::aligned(m * tp) + Workspace::aligned(n * tp) + group_schedule_bytes(experts, rows, kFp8Block),
                 stream);
   uint8_t* at = tmp.take<uint8_t>(m * tp);
   uint8_t* bt = tmp.take<uint8_t>(n * tp);
   transpose_token_blocks(a.a.mx, a.offsets, at, tp, stream);
   transpose_token_blocks(a.b.mx, a.offsets, bt, tp, stream);
-  KernelParams p;
+  KLaunch l;
+  KernelParams& p = l.params;
   wgrad_params(a, rows, m, n, kBlkN, p);
   p.sched = build_group_schedule(a.offsets.data(), experts, rows, kFp8Block, tmp, stream);  // tile_start per group
   p.a_sinv = static_cast<const float*>(a.a.mx.scales.data);
   p.a_sinv_pitch = m;
   p.b_sinv = static_cast<const float*>(a.b.mx.scales.data);
   p.b_sinv_pitch = n;
-  const CUtensorMap ma = make_tensor_map_u8_sw128("a", at, {static_cast<uint64_t>(tp), static_cast<uint64_t>(m)},
-                                                  {static_cast<uint64_t>(tp)}, {kFp8Block, kBlockM});
-  const CUtensorMap mb = make_tensor_map_u8_sw128("b", bt, {static_cast<uint64_t>(tp), static_cast<uint64_t>(n)},
-                                                  {static_cast<uint64_t>(tp)}, {kFp8Block, kBlkN / 2});
-  const int64_t tiles = static_cast<int64_t>(experts) * p.m_tiles * p.n_tiles;
-  switch (fp8_mainloop()) {
-    case Fp8Mainloop::staged: launch<SBlkWgrad>(p, tiles, ma, mb, mb, stream); break;
-    case Fp8Mainloop::l2: launch<BlkWgrad>(p, tiles, ma, mb, mb, stream); break;
-  }
+  l.a = make_tensor_map_u8_sw128("a", at, {static_cast<uint64_t>(tp), static_cast<uint64_t>(m)},
+                                 {static_cast<uint64_t>(tp)}, {kFp8Block, kBlockM});
+  l.b = make_tensor_map_u8_sw128("b", bt, {static_cast<uint64_t>(tp), static_cast<uint64_t>(n)},
+                                 {static_cast<uint64_t>(tp)}, {kFp8Block, kBlkN / 2});
+  l.tiles = static_cast<int64_t>(experts) * p.m_tiles * p.n_tiles;
+  launch_gemm_k(/*fp8_block=*/true, l, stream);
 }
-}  // namespace
 
+// MXFP8 operands (column-wise, blocks of 32 tokens restarting at each group): both are dequantized
 // into transient BF16 copies [T, M] and [T, N] (the exact values), which the BF16 kernel reads
 // through TMA; the copies are freed (stream-ordered) when the call returns.
-void gemm_k(const KGroupedGemmArgs& a, void* stream_ptr) {
-  const cudaStream_t stream = as_stream(stream_ptr);
-  const std::string why = gemm_k_refusal(a);
-  if (!why.empty()) throw Error("cuda_sm90", why);
-  // FP8 blockwise: the FP8-wgmma kernel where opted in, else (power-of-two scales: the probe refuses
-  // f32 ones) the BF16 kernel on the dequantized token blocks.
-  if (a.a.is_fp8_block()) {
-    if (fp8_block_wgrad_takes(a)) return run_gemm_k_blk(a, stream);
-    return gemm_k_fp8_block(a, stream_ptr, &sm90::gemm_k);
-  }
-  if (!a.a.is_mxfp8()) return run_gemm_k(a, stream);
+void run_mx_dequant(const KGroupedGemmArgs& a, cudaStream_t stream) {
   const TensorView &av = a.a.mx.data, &bv = a.b.mx.data;
   const int64_t rows = av.shape[0], m = av.shape[1], n = bv.shape[1];
   Workspace tmp(Workspace::aligned(rows * m * 2) + Workspace::aligned(rows * n * 2), stream);
@@ -157,7 +233,21 @@ void gemm_k(const KGroupedGemmArgs& a, void* stream_ptr) {
     dequantize(DequantizeArgs{a.a.mx, a.offsets, b.a.bf16}, stream);
     dequantize(DequantizeArgs{a.b.mx, a.offsets, b.b.bf16}, stream);
   }
-  run_gemm_k(b, stream);
+  run_bf16(b, stream);
+}
+}  // namespace
+
+void gemm_k(const KGroupedGemmArgs& a, const detail::StepPlan& plan, void* stream_ptr) {
+  const cudaStream_t stream = as_stream(stream_ptr);
+  if (std::string why = gemm_k_refusal(a); !why.empty()) throw Error("cuda_sm90", why);
+  const Config* c = find_config(plan.config);
+  if (c == nullptr) throw Error("cuda_sm90", "internal: a plan with no sm90 configuration '" + plan.config + "'");
+  switch (c->route) {
+    case Route::bf16: return run_bf16(a, stream);
+    case Route::mx_dequant: return run_mx_dequant(a, stream);
+    case Route::fp8_block: return run_fp8_block(a, stream);
+    case Route::fp8_dequant: return gemm_k_fp8_block(a, stream_ptr, &run_bf16_on);
+  }
 }
 
 }  // namespace mxmoe::cuda::sm90

@@ -19,13 +19,12 @@
 
 #include "mxmoe/numerics.h"
 #include "src/cuda/common/convert.cuh"
+#include "src/cuda/sm90/kernels.h"
 #include "src/cuda/sm90/params.h"
 #include "src/cuda/sm90/ptx.cuh"
 
 namespace mxmoe::cuda::sm90 {
 
-inline constexpr int kBlockM = 128;
-inline constexpr int kBlockK = 64;
 inline constexpr int kBoxBytes = 64 * 64 * 2;  // one [64][64] bf16 box = 8 swizzle atoms
 inline constexpr int kThreads = 384;
 inline constexpr int kConsumerThreads = 256;

@@ -1,66 +1,27 @@
-// Host entry of the sm90 m-grouped GEMM (fprop and dgrad with their fused epilogues): checks what
-// the kernels take, builds the group schedule on the device (128-row m-tiles), encodes the TMA
-// descriptors, launches one persistent kernel and, for glu_backward, the fixed-order dprob and db1
-// reductions. No host reads of the offsets, no stream sync (graph-capturable).
+// Host planner and runner of the sm90 m-grouped GEMM (fprop and dgrad with their fused epilogues).
+// plan_gemm_m() is the one place that decides how a step runs on this backend: the route (which
+// operands are dequantized first, which kernel runs, whether the GLU outputs are quantized by the
+// epilogue or after it), the tile width, the launches in order and the workspace they take, as a
+// pure function of the step. gemm_m() runs a plan and decides nothing. The group schedule is built
+// on the device: no host reads of the offsets, no stream sync (graph-capturable).
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <mutex>
 #include <string>
-#include <vector>
 
 #include "src/common/fp8_block.h"
-#include "src/common/sm90_switches.h"
 #include "src/cuda/common/check.h"
 #include "src/cuda/common/reductions.h"
 #include "src/cuda/cuda_ops.h"
 #include "src/cuda/sm90/gemm_m_plan.h"
-#include "src/cuda/sm90/launch.cuh"
 #include "src/cuda/sm90/tensor_map.h"
 
 namespace mxmoe::cuda::sm90 {
 namespace {
 
-constexpr int kWideN = 256;    // output tile width
-constexpr int kNarrowN = 128;  // narrow outputs (N <= 128)
-constexpr int64_t kMxGluBwdNarrowMaxK = 4096;  // MXFP8 GLU backward: 128-wide tiles up to this K
-// Every layer configuration runs CTA pairs along M that share B by multicast (gemm_kernel.cuh Tile).
-constexpr int kPair = 2;
-
-using StoreKK = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::store, kPair>;
-using StoreKMN = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::store, kPair>;
-using StoreKKNarrow = KernelConfig<kNarrowN, Major::k, Major::k, Grouping::m, Epi::store, kPair>;
-using StoreKMNNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::store, kPair>;
-using GluFwd = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::glu_forward, kPair>;
-using GluBwd = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair>;
-using GluBwdNarrow = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair>;
-// The same quantizing dC in the epilogue: the MXFP8 FC2 dgrad on BF16 operands (mx_glu_backward_on_bf16).
-using GluBwdQ = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair, Mx::q>;
-using GluBwdNarrowQ = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair, Mx::q>;
-// Pingpong consumers (gemm_kernel.cuh PP_; session 17, comparison runs; measured slower, session 18):
-// MXMOE_SM90_FC1_FPROP=pp, MXMOE_SM90_FC2_DGRAD=pp (where no db1 is summed).
-using GluFwdPP = KernelConfig<kWideN, Major::k, Major::k, Grouping::m, Epi::glu_forward, kPair, Mx::none, true>;
-using GluBwdPP = KernelConfig<kWideN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair, Mx::none, true>;
-using GluBwdNarrowPP = KernelConfig<kNarrowN, Major::k, Major::mn, Grouping::m, Epi::glu_backward, kPair, Mx::none, true>;
-// FC2 dgrad with the epilogue on warps 1-3 of the producer warp group (epilogue.cuh "Epilogue
-// warps"); when it is taken: epilogue_warps_take.
-constexpr int kEwN = 192;
-using GluBwdEw = KernelConfig<kEwN, Major::k, Major::mn, Grouping::m, Epi::glu_backward_ew, kPair>;
-// The MXFP8 configurations live in gemm_m_mx.cu (launch_gemm_m_mx), a translation unit of their own.
-
 const TensorView& a_view(const detail::MGemmStep& s) { return s.gemm.a.is_mxfp8() ? s.gemm.a.mx.data : s.gemm.a.bf16; }
 int64_t a_rows(const detail::MGemmStep& s) { return a_view(s).shape[0]; }
 
 }  // namespace
-
-int sm_count() {
-  static PerDevice cache;
-  return cache.get([](int dev) {
-    int n = 0;
-    MXMOE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
-  });
-}
 
 namespace {
 // What every sm90 m-grouped kernel needs of the shapes (16-byte TMA rows) and of the epilogue's
@@ -143,20 +104,16 @@ std::string gemm_m_refusal(const detail::MGemmStep& s) {
   return epilogue_refusal(s, mx_out);
 }
 
-int default_block_n(const detail::MGemmStep& s) {
-  if (s.epilogue == detail::Epilogue::glu_forward) return kWideN;
-  // The MXFP8-A GLU backward (FC2 dgrad): 128-wide tiles where K <= 4096, 256-wide above. Session 16
-  // (bench/results/2026-12-03-h200-sm90-s16-mxfp8-weights-and-glu-bwd.md, every preset, both splits):
-  // 128-wide runs 1.06-1.49x as fast at K = 2048, 2880 and 4096 (qwen3-30b, gptoss-120b, mixtral) and
-  // 0.89-0.90x at K = 7168 (dsv3); not profiled (a guess: the long mainloop amortizes the wide tile's
-  // epilogue, while narrow tiles convert every A row twice as often).
-  // MXMOE_SM90_MX_GLU_BWD_N=128 or 256 (read per call, comparison runs) forces one width.
-  if (s.epilogue == detail::Epilogue::glu_backward && s.gemm.a.is_mxfp8()) {
-    if (env_is("MXMOE_SM90_MX_GLU_BWD_N", "128")) return kNarrowN;
-    const bool wide = env_is("MXMOE_SM90_MX_GLU_BWD_N", "256") || a_view(s).shape[1] > kMxGluBwdNarrowMaxK;
-    if (!wide) return kNarrowN;
-  }
-  return detail::gemm_width(s) > kNarrowN ? kWideN : kNarrowN;
+bool fp8_block_kernel_takes(const detail::MGemmStep& s) {
+  const MGroupedGemmArgs& g = s.gemm;
+  if (!g.a.is_fp8_block() || !fp8_block_refusal(s).empty()) return false;
+  if (!g.b_kn && s.epilogue == detail::Epilogue::glu_backward) return false;
+  const int64_t k = g.a.mx.data.shape[1];
+  if (k % 16 != 0) return false;  // e4m3 rows: 16-byte TMA strides
+  if (!tma_aligned(g.a.mx.data.data) || !tma_aligned(g.b.data.dense.data)) return false;
+  // glu_halves: a tile's b rows (F + 64 n ..) lie in one 128-row scale block only when 64 | F.
+  if (s.epilogue == detail::Epilogue::glu_forward && s.glu_layout == GluLayout::halves && s.ffn % 64 != 0) return false;
+  return true;
 }
 
 namespace {
@@ -183,7 +140,7 @@ int64_t gemm_m_workspace_bytes(const detail::MGemmStep& s, int bn) {
          Workspace::aligned(db1_floats(s) * 4);
 }
 
-MPlan plan_gemm_m(const detail::MGemmStep& s, int bn, Workspace& ws, cudaStream_t stream) {
+MLaunch make_launch(const detail::MGemmStep& s, int bn, Workspace& ws, cudaStream_t stream) {
   const MGroupedGemmArgs& g = s.gemm;
   const TensorView& av = a_view(s);
   const int64_t rows = av.shape[0], k = av.shape[1], experts = g.offsets.experts();
@@ -192,7 +149,7 @@ MPlan plan_gemm_m(const detail::MGemmStep& s, int bn, Workspace& ws, cudaStream_
   const bool glu_bwd = s.epilogue == detail::Epilogue::glu_backward;
 
   const bool blk = g.a.is_fp8_block();  // FP8 wgmma, 128 values of K per stage (gemm_m_blk.cu)
-  MPlan plan;
+  MLaunch plan;
   KernelParams& p = plan.params;
   p.experts = static_cast<int32_t>(experts);
   p.rows = rows;
@@ -234,7 +191,7 @@ MPlan plan_gemm_m(const detail::MGemmStep& s, int bn, Workspace& ws, cudaStream_
     p.b_sinv = static_cast<const float*>(g.b.scales.dense.data);
     p.b_nbs = static_cast<int32_t>(ceil_div(bd.shape[1], kFp8Block));
     p.b_kbs = static_cast<int32_t>(ceil_div(bd.shape[2], kFp8Block));
-    plan.launch_tiles = static_cast<int64_t>(m_tiles_bound(rows, experts, kBlockM)) * p.n_tiles;
+    plan.tiles = static_cast<int64_t>(m_tiles_bound(rows, experts, kBlockM)) * p.n_tiles;
     const char* lin = static_cast<const char*>(w);
     if (glu_fwd && s.glu_layout == GluLayout::halves) {
       const uint64_t F = static_cast<uint64_t>(s.ffn);
@@ -267,29 +224,7 @@ MPlan plan_gemm_m(const detail::MGemmStep& s, int bn, Workspace& ws, cudaStream_
     plan.a = make_tensor_map_bf16("gemm.a", av.data, {K, static_cast<uint64_t>(rows)}, {K * 2}, {kBlockK, kBlockM});
   }
   // Upper bound of the tiles (pairs, for clusters of 2); the real count is read on the device.
-  plan.launch_tiles = static_cast<int64_t>(m_tiles_bound(rows, experts, kBlockM)) * p.n_tiles;
-  if (g.b.is_mxfp8()) {
-    // B: e4m3 halves of the tile ([BN/2][64] bytes, 64-byte swizzle; or [64][BN/2] from [K, N]) and
-    // the scales, which the scale loaders stage.
-    const uint64_t N = static_cast<uint64_t>(n);
-    const uint32_t half = static_cast<uint32_t>(bn / 2);
-    p.b_scales = static_cast<const uint8_t*>(g.b.scales.dense.data);
-    p.b_scale_swizzled = g.b.layout == ScaleLayout::swizzled;
-    if (g.b_kn) {
-      p.b_load = BLoad::mn_halves;
-      p.b_scale_bytes = colwise_matrix_scale_bytes(k, n);
-      p.b_scale_cols = static_cast<int32_t>(colwise_scale_row_bytes(n));
-      p.b_scale_rows = static_cast<int32_t>(colwise_group_scale_rows(k));
-      plan.b0 = make_tensor_map_u8("gemm.b", w, {N, K, E}, {N, K * N}, {half, kBlockK, 1}, false);
-    } else {
-      p.b_load = BLoad::k_rows;
-      p.b_scale_bytes = rowwise_scale_bytes(n, k);
-      p.b_scale_cols = static_cast<int32_t>(rowwise_scale_cols(k));
-      plan.b0 = make_tensor_map_u8("gemm.b", w, {K, N, E}, {K, N * K}, {kBlockK, half, 1}, true);
-    }
-    plan.b1 = plan.b0;
-    return plan;
-  }
+  plan.tiles = static_cast<int64_t>(m_tiles_bound(rows, experts, kBlockM)) * p.n_tiles;
   const uint32_t half = static_cast<uint32_t>(bn / 2);  // B is loaded in two halves (pairs share them)
   if (glu_fwd) {
     const uint64_t F = static_cast<uint64_t>(s.ffn);
@@ -322,7 +257,7 @@ MPlan plan_gemm_m(const detail::MGemmStep& s, int bn, Workspace& ws, cudaStream_
   return plan;
 }
 
-void finish_gemm_m(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t stream) {
+void finish_gemm_m(const detail::MGemmStep& s, const MLaunch& plan, cudaStream_t stream) {
   const KernelParams& p = plan.params;
   if (p.ws_dprob != nullptr)
     launch_reduce_dprob(p.ws_dprob, p.n_tiles, p.rows, s.dprob_add.ptr<const float>(), s.dprobs.ptr<float>(), stream);
@@ -332,128 +267,238 @@ void finish_gemm_m(const detail::MGemmStep& s, const MPlan& plan, cudaStream_t s
   }
 }
 
+// The Mx::a GLU kernels quantize A / dC in their epilogue (MXFP8 row- and column-wise from the
+// staged bf16 tile, src/cuda/common/mx_tile_quant.cuh) where the outputs are MXFP8, F is a multiple
+// of 32 and the data 16-byte aligned; otherwise the kernel writes bf16 and the quantizer reads it.
+bool fused_quantizing_epilogue(const detail::MGemmStep& s) {
+  if (s.epilogue == detail::Epilogue::store || !s.gemm.a.is_mxfp8() || !has_quantized_outputs(s)) return false;
+  for (const Mxfp8View* v : {&s.out_row, &s.out_col})
+    if (v->data.data != nullptr && (v->format != QuantFormat::mxfp8 || !tma_aligned(v->data.data))) return false;
+  return s.ffn % kMxBlock == 0;
+}
+
+// ---- The configurations, and the choice among them ----
+
 namespace {
-// MXMOE_SM90_FC2_DGRAD (read per call, as the MXFP8 switches): "ew" takes the epilogue warps wherever
-// they can run; "pp" pingpong consumers where no db1 is summed; unset or anything else ("glu"), the
-// in-line epilogue.
-bool fc2_dgrad_ew_asked() { return env_is("MXMOE_SM90_FC2_DGRAD", "ew"); }
-// The epilogue warps load the saved C and store dC in 16-byte pieces of rows. Their tile is
-// 128 x 192 (the 128 x 192 fp32 hand-off tile and the ring share the 227 KB); at equal tiles they
-// are 7-11% faster than the in-line epilogue, but the in-line 128 x 256 tile is faster still where 256
-// divides the width. FC2 dgrad, ms (bench/sm90_kernels.cu, MXMOE_KB_LAYER_ONLY=ew, H200, session 8):
-//   preset (F)            128x256 in-line  128x192 in-line  128x192 epilogue warps
-//   gptoss-120b (2880)    1.187            1.202            1.101
-//   dsv3 (2048)           1.498            1.804            1.682
-//   qwen3-30b (768)       0.594            0.632            0.664
-//   mixtral (14336)       3.028            3.533            3.152
-// So they were taken where 192 divides the width F (the GEMM's N: dH, before the GLU backward makes
-// dC [T, 2F] of it) and 256 does not: gptoss-120b, 7% of its FC2 dgrad. Session 18 caught this
-// kernel hung on the H200 (`mxmoe bench`, gptoss-120b bf16, about one run in four; cuda-gdb: the
-// warps of a consumer warp group out of step after a pair's dummy tile, gemm_kernel.cuh `drain`;
-// fixed and verified in session 19, docs/kernels/sm90_gemm.md), so the layer stopped taking it
-// unasked; forced everywhere it then made no layer row faster, so it stays MXMOE_SM90_FC2_DGRAD=ew only.
-bool epilogue_warps_take(const detail::MGemmStep& s) {
-  if (s.epilogue != detail::Epilogue::glu_backward || s.gemm.a.is_mxfp8()) return false;
-  if (!(s.ffn % 8 == 0 && tma_aligned(s.c.data) && tma_aligned(s.out_bf16.data))) return false;
-  return fc2_dgrad_ew_asked();
+
+enum class Route : uint8_t {
+  bf16,         // BF16 A and B: the BF16 kernel
+  mx_regs,      // MXFP8 A converted to BF16 in registers (the Mx::a kernel); B the weights' bf16 copy
+  mx_dequant,   // MXFP8 A dequantized into a bf16 copy first; the BF16 kernel
+  fp8_block,    // FP8 wgmma with promotion per 128 values of K (dgrad: on B transposed)
+  fp8_dequant,  // fp8_blockwise with power-of-two scales: both operands dequantized (exact); the BF16 kernel
+};
+
+struct Config {
+  const char* name;
+  Route route;
+  int block_n;  // output columns per tile (fp8_dequant: the BF16 default's)
+};
+
+// Every configuration a step can be run in here: what Options::overrides may name.
+constexpr Config kConfigs[] = {
+    {"bf16_n256", Route::bf16, kWideN},
+    {"bf16_n128", Route::bf16, kNarrowN},
+    {"mxfp8_regs_n256", Route::mx_regs, kWideN},
+    {"mxfp8_regs_n128", Route::mx_regs, kNarrowN},
+    {"mxfp8_dequant_n256", Route::mx_dequant, kWideN},
+    {"mxfp8_dequant_n128", Route::mx_dequant, kNarrowN},
+    {"fp8_block_n128", Route::fp8_block, kBlkN},
+    {"fp8_dequant", Route::fp8_dequant, 0},
+};
+
+const Config* find_config(const std::string& name) {
+  for (const Config& c : kConfigs)
+    if (name == c.name) return &c;
+  return nullptr;
 }
 
-// The MXFP8 GLU backward with epilogue warps (MXMOE_SM90_MX_GLU_BWD=ew or ew128, comparison runs
-// until measured): its tile width where it takes the step (BF16 B, dC written in bf16: the kernel's
-// epilogue warps do not quantize, so the MXFP8 outputs go through the quantizer), else 0.
-int mx_epilogue_warps_take(const detail::MGemmStep& s) {
-  if (s.epilogue != detail::Epilogue::glu_backward || !s.gemm.a.is_mxfp8() || s.gemm.b.is_mxfp8()) return 0;
-  if (!(s.ffn % 8 == 0 && tma_aligned(s.c.data) && s.out_bf16.data != nullptr && tma_aligned(s.out_bf16.data))) return 0;
-  return mx_epilogue_warps_n();
+std::string config_names() {
+  std::string s;
+  for (const Config& c : kConfigs) s += (s.empty() ? "" : ", ") + std::string(c.name);
+  return s;
 }
 
-// Runs a step whose B is BF16 (A BF16 or MXFP8) or, with the store epilogue, MXFP8 on both sides;
-// mx: MXFP8 outputs the Mx::a GLU epilogues (and the BF16 GLU backward's Mx::q) quantize themselves
-// (fused_quantizing_epilogue).
-void run_gemm_m(const detail::MGemmStep& s, cudaStream_t stream, const MxOut& mx = {}) {
-  if (const int bn = mx_epilogue_warps_take(s); bn > 0) {
-    Workspace ws(gemm_m_workspace_bytes(s, bn), stream);
-    const MPlan plan = plan_gemm_m(s, bn, ws, stream);
-    launch_gemm_m_mx_ew(plan, bn, stream);
-    finish_gemm_m(s, plan, stream);
-    return;
+const Config& named(const char* name) { return *find_config(name); }
+
+// The MXFP8 FC2 dgrad (GLU backward) dequantizes its A first from this K on
+// (docs/kernels/sm90_mxfp8.md "FC2 dgrad"): the register conversion of every A fragment costs a
+// long mainloop more than one dequantizing pass over dY.
+constexpr int64_t kMxDequantMinK = 4096;
+
+// The width of the BF16 tiles: 256 columns except for outputs of at most 128.
+bool wide_output(const detail::MGemmStep& s) {
+  return s.epilogue == detail::Epilogue::glu_forward || detail::gemm_width(s) > kNarrowN;
+}
+
+// The measured winners (docs/kernels/sm90_gemm.md "The plan's choices").
+const Config& choose(const detail::MGemmStep& s) {
+  const MGroupedGemmArgs& g = s.gemm;
+  if (g.a.is_fp8_block()) return named(fp8_block_kernel_takes(s) ? "fp8_block_n128" : "fp8_dequant");
+  const bool wide = wide_output(s);
+  if (!g.a.is_mxfp8()) return named(wide ? "bf16_n256" : "bf16_n128");
+  if (s.epilogue == detail::Epilogue::glu_backward) {
+    if (a_view(s).shape[1] >= kMxDequantMinK) return named(wide ? "mxfp8_dequant_n256" : "mxfp8_dequant_n128");
+    return named("mxfp8_regs_n128");
   }
-  if (!mx.any() && epilogue_warps_take(s)) {
-    Workspace ws(gemm_m_workspace_bytes(s, kEwN), stream);
-    const MPlan plan = plan_gemm_m(s, kEwN, ws, stream);
-    launch<GluBwdEw>(plan.params, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
-    finish_gemm_m(s, plan, stream);
-    return;
+  return named(wide ? "mxfp8_regs_n256" : "mxfp8_regs_n128");
+}
+
+// Why configuration c cannot run step s (empty: it can).
+std::string config_refusal(const detail::MGemmStep& s, const Config& c, bool pow2_scales) {
+  const MGroupedGemmArgs& g = s.gemm;
+  const bool fp8 = g.a.is_fp8_block(), mx = g.a.is_mxfp8() && !fp8;
+  if (s.epilogue == detail::Epilogue::glu_forward && c.block_n == kNarrowN)
+    return "the GLU forward runs 256-wide tiles only (the a and b halves of 128 features)";
+  switch (c.route) {
+    case Route::bf16:
+      return g.a.is_mxfp8() ? "its A is quantized; this configuration reads BF16 operands" : "";
+    case Route::mx_regs:
+    case Route::mx_dequant:
+      return mx ? "" : "this configuration reads an MXFP8 A";
+    case Route::fp8_block:
+      return fp8_block_kernel_takes(s) ? "" : "the FP8-wgmma kernel does not take this step (operands, shape or alignment)";
+    case Route::fp8_dequant:
+      if (!fp8) return "this configuration reads fp8_blockwise operands";
+      return pow2_scales ? "" : "dequantizing is exact only with power-of-two scales (pow2_scales)";
   }
-  const int bn = default_block_n(s);
-  Workspace ws(gemm_m_workspace_bytes(s, bn), stream);
-  MPlan plan = plan_gemm_m(s, bn, ws, stream);
-  plan.params.out_mx = mx;
-  const KernelParams& p = plan.params;
-  const bool wide = bn == kWideN;
-  if (s.gemm.a.is_mxfp8()) {
-    launch_gemm_m_mx(s, plan, bn, stream);
-  } else {
-    switch (s.epilogue) {
-      case detail::Epilogue::glu_forward:
-        if (env_is("MXMOE_SM90_FC1_FPROP", "pp")) launch<GluFwdPP>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
-        else launch<GluFwd>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
-        break;
-      case detail::Epilogue::glu_backward:
-        if (mx.any()) {
-          if (wide) launch<GluBwdQ>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
-          else launch<GluBwdNarrowQ>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
-        } else if (env_is("MXMOE_SM90_FC2_DGRAD", "pp") && p.ws_db1 == nullptr) {
-          if (wide) launch<GluBwdPP>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
-          else launch<GluBwdNarrowPP>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
-        } else if (wide) {
-          launch<GluBwd>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
-        } else {
-          launch<GluBwdNarrow>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
-        }
-        break;
-      case detail::Epilogue::store:
-        if (s.gemm.b_kn) {
-          if (wide) launch<StoreKMN>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
-          else launch<StoreKMNNarrow>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
-        } else {
-          if (wide) launch<StoreKK>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
-          else launch<StoreKKNarrow>(p, plan.launch_tiles, plan.a, plan.b0, plan.b1, stream);
-        }
-        break;
-    }
+  return "unknown route";
+}
+
+bool b_copy_given(const detail::MGemmStep& s) { return s.b_copy_only || s.gemm.b.dequantized.dense.data != nullptr; }
+int64_t b_elems(const detail::MGemmStep& s) {
+  const TensorView& b = s.gemm.b.data.dense;
+  return b.rank == 3 ? b.shape[0] * b.shape[1] * b.shape[2] : 0;
+}
+
+}  // namespace
+
+
+namespace {
+detail::Epilogue epilogue_of(const detail::MGemmStep& s) { return s.epilogue; }
+const char* epilogue_name(detail::Epilogue e) {
+  switch (e) {
+    case detail::Epilogue::store: return "store";
+    case detail::Epilogue::glu_forward: return "glu_forward";
+    case detail::Epilogue::glu_backward: return "glu_backward";
   }
-  finish_gemm_m(s, plan, stream);
+  return "?";
+}
+
+// The kernel launch of a route and what follows it: the fixed-order dprob and db1 reductions.
+void add_kernel(detail::StepPlan& p, const detail::MGemmStep& s, const char* kernel, int bn) {
+  p.launches.push_back({"group_schedule", ""});
+  p.launches.push_back({"gemm", std::string(kernel) + " " + epilogue_name(epilogue_of(s)) + " 128x" + std::to_string(bn)});
+  p.workspace += gemm_m_workspace_bytes(s, bn);
+  if (dprob_floats(s, bn) > 0) p.launches.push_back({"reduce_dprob", ""});
+  if (db1_floats(s) > 0) p.launches.push_back({"reduce_db1", ""});
 }
 }  // namespace
 
-// The backward on FP8 wgmma (dgrads: B_e [K, N] read as its prepared transpose, or transposed into a
-// transient [N, K] copy first; wgrads: gemm_k.cu), the default since session 10 (GPU tests
-// GpuGemmM.Fp8BlockDgrad*, GpuGemmK.Fp8Block*, GpuLayer.Fp8BlockwiseWithFp8Backward* pass on the
-// H200; dsv3: FC2 dgrad kernel 1.11 ms vs 1.45 + 1.09 ms dequant for the BF16 kernel on dequantized
-// operands). MXMOE_SM90_FP8_BLOCK (read per call): `forward` keeps the backward on the dequantized
-// BF16 path (power-of-two scales only), `dequant` the forward too (src/common/sm90_switches.h).
-bool fp8_backward_on() { return sm90_fp8_block_mode() == Sm90Fp8Block::all; }
-
-bool fp8_block_kernel_takes(const detail::MGemmStep& s) {
-  const bool off = sm90_fp8_block_mode() == Sm90Fp8Block::dequant;
+detail::StepPlan plan_gemm_m(const detail::MGemmStep& s, bool pow2_scales, const std::string& override) {
+  const Config* c = &choose(s);
+  if (!override.empty()) {
+    c = find_config(override);
+    if (c == nullptr) throw Error("options.overrides", "cuda_sm90 has no m-grouped configuration '" + override +
+                                                           "' (known: " + config_names() + ")");
+    if (std::string why = config_refusal(s, *c, pow2_scales); !why.empty())
+      throw Error("options.overrides", std::string(c->name) + " cannot run this step: " + why);
+  }
+  detail::StepPlan p;
+  p.config = c->name;
   const MGroupedGemmArgs& g = s.gemm;
-  if (off || !g.a.is_fp8_block() || !fp8_block_refusal(s).empty()) return false;
-  if (g.b_kn && !fp8_backward_on()) return false;
-  if (!g.b_kn && s.epilogue == detail::Epilogue::glu_backward) return false;
-  const int64_t k = g.a.mx.data.shape[1];
-  if (k % 16 != 0) return false;  // e4m3 rows: 16-byte TMA strides
-  if (!tma_aligned(g.a.mx.data.data) || !tma_aligned(g.b.data.dense.data)) return false;
-  // glu_halves: a tile's b rows (F + 64 n ..) lie in one 128-row scale block only when 64 | F.
-  if (s.epilogue == detail::Epilogue::glu_forward && s.glu_layout == GluLayout::halves && s.ffn % 64 != 0) return false;
-  return true;
+  const bool quantized_out = has_quantized_outputs(s);
+  const int64_t T = a_rows(s), K = a_view(s).shape[1];
+  switch (c->route) {
+    case Route::bf16:
+      p.weights = detail::WeightForm::given;
+      add_kernel(p, s, "bf16", c->block_n);
+      break;
+    case Route::mx_regs:
+    case Route::mx_dequant: {
+      const bool copy = b_copy_given(s);
+      p.weights = copy ? detail::WeightForm::bf16_copy : detail::WeightForm::quantized;
+      if (c->route == Route::mx_dequant) {
+        p.launches.push_back({"dequantize_a", ""});
+        p.workspace += Workspace::aligned(T * K * 2);
+      }
+      if (!copy) {
+        p.launches.push_back({"dequantize_b", ""});
+        p.workspace += Workspace::aligned(b_elems(s) * 2);
+      }
+      if (c->route == Route::mx_regs && fused_quantizing_epilogue(s)) {
+        p.launches.push_back({"clear_out_scales", ""});
+        add_kernel(p, s, "mxfp8_regs+quantize", c->block_n);
+        return p;
+      }
+      add_kernel(p, s, c->route == Route::mx_regs ? "mxfp8_regs" : "bf16", c->block_n);
+      break;
+    }
+    case Route::fp8_block:
+      p.weights = !g.b_kn ? detail::WeightForm::quantized
+                  : g.b.transposed.dense.data != nullptr ? detail::WeightForm::transposed
+                                                         : detail::WeightForm::quantized;
+      if (g.b_kn && g.b.transposed.dense.data == nullptr) {
+        p.launches.push_back({"transpose_b", ""});
+        const TensorView& bd = g.b.data.dense;
+        p.workspace += Workspace::aligned(b_elems(s)) +
+                       Workspace::aligned(bd.shape[0] * ceil_div(bd.shape[1], kFp8Block) * ceil_div(bd.shape[2], kFp8Block) * 4);
+      }
+      add_kernel(p, s, "fp8_block", kBlkN);
+      break;
+    case Route::fp8_dequant: {
+      const bool copy = g.b.dequantized.dense.data != nullptr;
+      p.weights = detail::WeightForm::quantized;
+      p.launches.push_back({"dequantize_a", ""});
+      p.workspace += Workspace::aligned(T * K * 2);
+      if (!copy) {
+        p.launches.push_back({"dequantize_b", ""});
+        p.workspace += Workspace::aligned(b_elems(s) * 2);
+      }
+      add_kernel(p, s, "bf16", wide_output(s) ? kWideN : kNarrowN);
+      break;
+    }
+  }
+  if (quantized_out) {
+    p.launches.push_back({"quantize_out", ""});
+    p.workspace += staged_output_bytes(s);
+  }
+  return p;
 }
 
+
+// ---- Running a plan ----
+
 namespace {
+
+Epi kernel_epi(const detail::MGemmStep& s) {
+  switch (s.epilogue) {
+    case detail::Epilogue::store: return Epi::store;
+    case detail::Epilogue::glu_forward: return Epi::glu_forward;
+    case detail::Epilogue::glu_backward: return Epi::glu_backward;
+  }
+  return Epi::store;
+}
+
+// One kernel over step s (every operand in the kernel's formats): schedule, launch, reductions.
+// mx: the MXFP8 outputs the Mx::a GLU epilogues quantize themselves.
+void run_kernel(const detail::MGemmStep& s, MKernel kernel, int bn, cudaStream_t stream, const MxOut& mx = {}) {
+  Workspace ws(gemm_m_workspace_bytes(s, bn), stream);
+  MLaunch l = make_launch(s, bn, ws, stream);
+  l.params.out_mx = mx;
+  launch_gemm_m(kernel, kernel_epi(s), s.gemm.b_kn, bn, l, stream);
+  finish_gemm_m(s, l, stream);
+}
+
+// The BF16 route at its default width: the fp8_dequant route's inner GEMM.
+void run_bf16_default(const detail::MGemmStep& s, void* stream) {
+  run_kernel(s, MKernel::bf16, wide_output(s) ? kWideN : kNarrowN, as_stream(stream));
+}
+
 // An fp8_blockwise step on the FP8-wgmma kernel; an FP8 output of glu_forward (A row-wise and in
 // token blocks) is written in bf16 (the step's, or a transient one) and quantized from there
 // (docs/numerics.md "Quantized value").
-void run_gemm_m_blk(const detail::MGemmStep& s0, cudaStream_t stream) {
+void run_fp8_block(const detail::MGemmStep& s0, cudaStream_t stream) {
   // A dgrad: B_e [K, N] as stored -> [N, K] (K-major, what FP8 wgmma reads) with its block scales:
   // the prepared transpose (ExpertOperand::transposed, prepare_weights) or a transient one.
   const TensorView& bd = s0.gemm.b.data.dense;
@@ -479,119 +524,74 @@ void run_gemm_m_blk(const detail::MGemmStep& s0, cudaStream_t stream) {
     s.gemm.b.dequantized = ExpertMatrices{};
     s.gemm.b_kn = false;
   }
-  if (s.gemm.offsets.experts() > 0) {
-    Workspace ws(gemm_m_workspace_bytes(s, kBlkN), stream);
-    const MPlan plan = plan_gemm_m(s, kBlkN, ws, stream);
-    launch_gemm_m_blk(s, plan, stream);
-    finish_gemm_m(s, plan, stream);
-  }
+  run_kernel(s, MKernel::fp8_block, kBlkN, stream);
   if (has_quantized_outputs(s0)) quantize_outputs(s0, s.out_bf16, stream);
 }
-}  // namespace
 
-// The Mx::a GLU kernels quantize A / dC in their epilogue (MXFP8 row- and column-wise from the
-// staged bf16 tile, src/cuda/common/mx_tile_quant.cuh) where the outputs are MXFP8, F is a multiple of
-// 32 and the data 16-byte aligned; otherwise (and with MXMOE_SM90_MX_EPILOGUE=unfused, read per call
-// for comparison runs) the kernel writes bf16 and the quantizer reads it back.
-bool fused_quantizing_epilogue(const detail::MGemmStep& s) {
-  if (s.epilogue == detail::Epilogue::store || !s.gemm.a.is_mxfp8() || !has_quantized_outputs(s)) return false;
-  if (env_is("MXMOE_SM90_MX_EPILOGUE", "unfused")) return false;
-  // The epilogue warps write dC in bf16 only.
-  if (s.epilogue == detail::Epilogue::glu_backward && mx_epilogue_warps_n() > 0) return false;
-  for (const Mxfp8View* v : {&s.out_row, &s.out_col})
-    if (v->data.data != nullptr && (v->format != QuantFormat::mxfp8 || !tma_aligned(v->data.data))) return false;
-  return s.ffn % kMxBlock == 0;
-}
-
-bool fp8_b_in_kernel() {
-  static const bool v = env_is("MXMOE_SM90_FP8_B", "convert");
-  return v;
-}
-
-// The MXFP8 FC2 dgrad on BF16 operands: dY's dequantized values in a transient bf16 copy
-// (cuda::dequantize) beside the weights' bf16 copy, through the BF16 GLU-backward kernel, whose bf16
-// dC the quantizer reads (or, with MXMOE_SM90_MX_GLU_BWD=bf16q, which quantizes dC in its epilogue:
-// Mx::q, where the fused epilogue takes the step; opt-in: correct on the H200 in session 20 and
-// 0.69-0.92x as fast as the default on fc2_dgrad, bench/results/2026-12-03-h200-sm90-s20-mxbf16q.md,
-// the spilling epilogue costs more than the quantizer's pass). The GEMM's inputs are the values the
-// Mx::a kernel dequantizes in registers, so the outputs are the same up to accumulation order.
-// Default where K >= 4096: H200, session 19 (bench/results/2026-12-03-h200-sm90-s19-mxbf16.md, two
-// interleaved passes, every preset, both splits), this route runs the step 1.23-1.28x as fast as the
-// Mx::a kernel at K = 4096 and 7168 (mixtral, dsv3), 0.99-1.07x at K = 2880 (gptoss-120b) and
-// 0.91-0.94x at K = 2048 (qwen3-30b): the Mx::a k-loop converts every A fragment in registers (32
-// F2FP, 32 HADD2 and 32 FMUL per k-block beside 4 HGMMA), which a long K pays for longer than one
-// dequantizing pass over dY. It costs a transient T x K bf16 copy of dY and a staged bf16 dC.
-// MXMOE_SM90_MX_GLU_BWD (read per call): `bf16` takes this route at every K, `bf16q` with Mx::q;
-// `mx` (or any of the other values: pp, ew, ew128) keeps A in MXFP8.
-namespace {
-constexpr int64_t kMxGluBwdBf16MinK = 4096;
-bool mx_glu_backward_on_bf16(const detail::MGemmStep& s) {
-  if (s.epilogue != detail::Epilogue::glu_backward || !s.gemm.a.is_mxfp8() || s.gemm.a.is_fp8_block()) return false;
-  const char* e = std::getenv("MXMOE_SM90_MX_GLU_BWD");
-  if (e == nullptr || *e == '\0') return a_view(s).shape[1] >= kMxGluBwdBf16MinK;
-  const std::string v(e);
-  return v == "bf16" || v == "bf16q";
-}
-bool mx_glu_backward_quantizes_in_bf16_kernel() { return env_is("MXMOE_SM90_MX_GLU_BWD", "bf16q"); }
-}  // namespace
-
-// MXFP8 steps: B (the weights, e4m3) is dequantized into a transient BF16 copy that the FP8-A
-// kernels read through TMA as the BF16 kernels do (the values are exactly the dequantized ones);
-// MXFP8 outputs of the GLU epilogues (A or dC, row- and column-wise) are written in BF16 (to the
-// step's BF16 output, or a transient one) and quantized from there by the CUDA quantizer, which
-// gives the bytes a fused quantizing epilogue would (docs/numerics.md "Quantized value").
-// MXMOE_SM90_FP8_B=convert keeps B in FP8 for the store epilogue (converted in shared memory).
-void gemm_m(const detail::MGemmStep& s0, void* stream_ptr) {
-  const cudaStream_t stream = as_stream(stream_ptr);
-  const std::string why = gemm_m_refusal(s0);
-  if (!why.empty()) throw Error("cuda_sm90", why);
-  // FP8 blockwise: the FP8-wgmma kernels where they take the step, else (power-of-two scales: the
-  // probe refuses f32 ones) these BF16 kernels on the dequantized operands.
-  if (s0.gemm.a.is_fp8_block()) {
-    if (fp8_block_kernel_takes(s0)) return run_gemm_m_blk(s0, stream);
-    return gemm_m_fp8_block(s0, stream_ptr, &sm90::gemm_m);
-  }
+// The MXFP8 routes: B is the weights' exact bf16 copy (given, or dequantized here into workspace);
+// mx_dequant dequantizes A too and runs the BF16 kernel. GLU outputs in MXFP8 are quantized by the
+// Mx::a epilogue where it can (fused_quantizing_epilogue), else written in bf16 (to the step's bf16
+// output, or a transient one) and quantized after, which gives the same bytes (docs/numerics.md
+// "Quantized value").
+void run_mx(const detail::MGemmStep& s0, bool dequantize_a, int bn, cudaStream_t stream) {
   const MGroupedGemmArgs& g = s0.gemm;
-  if (s0.b_copy_only && (!g.b.is_mxfp8() || g.b.dequantized.dense.data == nullptr))
-    throw Error("b.dequantized", "a step with MXFP8 weights kept only as their bf16 copy needs that copy");
   const int64_t experts = g.offsets.experts();
-  if (experts <= 0) return;
-  const bool deq_a = mx_glu_backward_on_bf16(s0);  // A dequantized too: the BF16 kernel runs the step
-  // deq_a: the BF16 kernel's Mx::q configuration quantizes (opt-in, above), else the quantizer.
-  const bool fused = (!deq_a || mx_glu_backward_quantizes_in_bf16_kernel()) && fused_quantizing_epilogue(s0);
-  const bool mx_out = has_quantized_outputs(s0) && !fused;
-  const bool have_copy = g.b.is_mxfp8() && g.b.dequantized.dense.data != nullptr;
-  const bool deq_b = g.b.is_mxfp8() && !have_copy && !(s0.epilogue == detail::Epilogue::store && fp8_b_in_kernel());
-  const MxOut mx = fused ? fused_mx_outputs(s0, stream) : MxOut{};
-  if (!deq_b && !mx_out && !have_copy && !fused) return run_gemm_m(s0, stream);
-
+  const bool fused = !dequantize_a && fused_quantizing_epilogue(s0);
+  const bool quantize_after = has_quantized_outputs(s0) && !fused;
+  const bool have_copy = g.b.dequantized.dense.data != nullptr;
   const int64_t k = a_view(s0).shape[1], n = detail::gemm_width(s0);
   const int64_t b_rows = g.b_kn ? k : n, b_cols = g.b_kn ? n : k;
-  const int64_t b_elems = experts * b_rows * b_cols;
+  const int64_t a_elems = dequantize_a ? a_rows(s0) * k : 0;
+  const MxOut mx = fused ? fused_mx_outputs(s0, stream) : MxOut{};
   detail::MGemmStep s = s0;
   if (fused) s.out_row = s.out_col = Mxfp8View{};
-  const int64_t a_elems = deq_a ? a_rows(s0) * k : 0;
-  Workspace tmp((deq_b ? Workspace::aligned(b_elems * 2) : 0) + Workspace::aligned(a_elems * 2) + staged_output_bytes(s),
+  Workspace tmp((have_copy ? 0 : Workspace::aligned(b_elems(s0) * 2)) + Workspace::aligned(a_elems * 2) +
+                    staged_output_bytes(s),
                 stream);
-  if (deq_a) {
+  if (dequantize_a) {
     const Mxfp8View& am = g.a.mx;
     const TensorView a16 = TensorView::of(tmp.take<uint16_t>(a_elems), DType::bf16, {a_rows(s0), k}, am.data.device);
-    dequantize(DequantizeArgs{.src = am, .groups = {}, .dst = a16}, stream_ptr);
+    dequantize(DequantizeArgs{.src = am, .groups = {}, .dst = a16}, stream);
     s.gemm.a = Operand{};
     s.gemm.a.bf16 = a16;
   }
-  if (deq_b || have_copy) {
-    uint16_t* wb = have_copy ? g.b.dequantized.dense.ptr<uint16_t>() : tmp.take<uint16_t>(b_elems);
-    if (deq_b)
-      dequantize_experts(static_cast<const uint8_t*>(g.b.data.dense.data), static_cast<const uint8_t*>(g.b.scales.dense.data),
-                         experts, b_rows, b_cols, g.b_kn ? BlockAxis::col : BlockAxis::row, g.b.layout, wb, stream);
-    s.gemm.b = ExpertOperand{};
-    s.gemm.b.data.dense = TensorView::of(wb, DType::bf16, {experts, b_rows, b_cols}, g.b.data.dense.device);
-    s.gemm.b.data.dtype = DType::bf16;
-  }
+  uint16_t* wb = have_copy ? g.b.dequantized.dense.ptr<uint16_t>() : tmp.take<uint16_t>(b_elems(s0));
+  if (!have_copy)
+    dequantize_experts(static_cast<const uint8_t*>(g.b.data.dense.data), static_cast<const uint8_t*>(g.b.scales.dense.data),
+                       experts, b_rows, b_cols, g.b_kn ? BlockAxis::col : BlockAxis::row, g.b.layout, wb, stream);
+  s.gemm.b = ExpertOperand{};
+  s.gemm.b.data.dense = TensorView::of(wb, DType::bf16, {experts, b_rows, b_cols}, g.b.data.dense.device);
+  s.gemm.b.data.dtype = DType::bf16;
   s = with_bf16_output(s, tmp);
-  run_gemm_m(s, stream, mx);
-  if (mx_out) quantize_outputs(s0, s.out_bf16, stream);
+  run_kernel(s, dequantize_a ? MKernel::bf16 : MKernel::mx_a, bn, stream, mx);
+  if (quantize_after) quantize_outputs(s0, s.out_bf16, stream);
+}
+
+}  // namespace
+
+void gemm_m(const detail::MGemmStep& s0, const detail::StepPlan& plan, void* stream_ptr) {
+  const cudaStream_t stream = as_stream(stream_ptr);
+  if (std::string why = gemm_m_refusal(s0); !why.empty()) throw Error("cuda_sm90", why);
+  const Config* c = find_config(plan.config);
+  if (c == nullptr) throw Error("cuda_sm90", "internal: a plan with no sm90 configuration '" + plan.config + "'");
+  const MGroupedGemmArgs& g = s0.gemm;
+  if (s0.b_copy_only && (!g.b.is_mxfp8() || g.b.dequantized.dense.data == nullptr))
+    throw Error("b.dequantized", "a step with MXFP8 weights kept only as their bf16 copy needs that copy");
+  if (g.offsets.experts() <= 0) return;
+  switch (c->route) {
+    case Route::bf16: {
+      // BF16 operands; quantized outputs (none in the layer's bf16 recipe) through the quantizer.
+      Workspace tmp(staged_output_bytes(s0), stream);
+      const detail::MGemmStep s = with_bf16_output(s0, tmp);
+      run_kernel(s, MKernel::bf16, c->block_n, stream);
+      if (has_quantized_outputs(s0)) quantize_outputs(s0, s.out_bf16, stream);
+      return;
+    }
+    case Route::mx_regs: return run_mx(s0, /*dequantize_a=*/false, c->block_n, stream);
+    case Route::mx_dequant: return run_mx(s0, /*dequantize_a=*/true, c->block_n, stream);
+    case Route::fp8_block: return run_fp8_block(s0, stream);
+    case Route::fp8_dequant: return gemm_m_fp8_block(s0, stream_ptr, &run_bf16_default);
+  }
 }
 
 }  // namespace mxmoe::cuda::sm90

@@ -7,7 +7,7 @@
 
 #include "src/cuda/common/check.h"
 #include "src/cuda/sm90/gemm_kernel.cuh"
-#include "src/cuda/sm90/sm90_ops.h"
+#include "src/cuda/sm90/kernels.h"
 
 namespace mxmoe::cuda::sm90 {
 
@@ -73,6 +73,11 @@ void launch(const KernelParams& p, int64_t tiles_bound, const CUtensorMap& a, co
   const cudaLaunchConfig_t cfg =
       cluster_config<Cfg>(static_cast<int>(pairs_bound < clusters ? pairs_bound : clusters), stream, attr);
   MXMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, grouped_gemm_kernel<Cfg>, p, a, b0, b1));
+}
+
+template <class Cfg>
+void launch(const MLaunch& l, cudaStream_t stream) {
+  launch<Cfg>(l.params, l.tiles, l.a, l.b0, l.b1, stream);
 }
 
 }  // namespace mxmoe::cuda::sm90

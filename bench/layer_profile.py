@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-kernel CUDA time of one mxmoe_torch.GroupedMLP forward+backward (torch.profiler, CUPTI): where a
 layer's time goes, kernel by kernel, in launch order and summed per kernel name. The GPU machine has
-no nsys; this needs only the built extension (scripts/gpu_check.sh profile).
+no nsys; this needs only the built extension (`scripts/gpu_check.sh build`, then as below).
 
     PYTHONPATH=python MXMOE_TORCH_LIBRARY=build-gpu/python/libmxmoe_torch.so \\
         python3 bench/layer_profile.py --preset dsv3 --recipe fp8_blockwise [--skew] [--no-cache]

@@ -29,7 +29,7 @@ import sys
 SCANNED = ["include", "src", "tools", "python/mxmoe_torch/csrc"]
 SOURCE_EXT = (".h", ".hpp", ".cuh", ".c", ".cc", ".cpp", ".cu")
 TOOLS_DOOR = "src/api/tooling.h"
-CONTRACT = {"src/dispatch/backend.h", "src/dispatch/refusing_backend.h"}
+CONTRACT = {"src/dispatch/backend.h", "src/dispatch/refusing_backend.h", "src/dispatch/device_facts.h"}
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
 FLOOR_NAMES = ["include/mxmoe", "src/common", "backend", "src/dispatch", "src/api", "tools"]
 

@@ -4,10 +4,12 @@
 // (docs/numerics.md "Layer dataflow").
 #include "mxmoe/grouped_mlp.h"
 
+#include <functional>
 #include <new>
 #include <optional>
 #include <string>
 
+#include "src/api/layer_plan.h"
 #include "src/api/layer_state.h"
 #include "src/api/layer_steps.h"
 #include "src/api/layer_validate.h"
@@ -154,81 +156,30 @@ std::unique_ptr<WgradImpl> new_wgrad(const Problem& p, const GroupOffsets& offse
 }
 
 
-// ---- Memory: estimated before the first allocation, failures reported with the estimate ----
-
-// The per-call weights of one call: FP8 copies of W1 and W2, or (the copy route) one bf16 copy at a
-// time, plus the FP8 scratch its quantize step takes where the fused kernel does not apply
-// (per-expert or unaligned weights); the larger of the two, since the route is chosen per GEMM
-// after this estimate.
-int64_t per_call_weight_bytes(const Problem& p, const QuantSpec& q, BlockAxis axis) {
-  const int64_t E = p.experts, H = p.hidden, F = p.ffn;
-  const char* what = "memory";
-  const int64_t w1 = expert_quant_bytes(q, E, 2 * F, H, axis, what);
-  const int64_t fp8 = checked_add(w1, expert_quant_bytes(q, E, H, F, axis, what), what);
-  if (q.format != QuantFormat::mxfp8) return fp8;
-  const int64_t copy = checked_add(w1, checked_mul({E, 2 * F, H, 2}, what), what);
-  return fp8 > copy ? fp8 : copy;
-}
-
-// The library memory forward_impl allocates below (same sizes as layer_state.h's make_* functions).
-int64_t forward_memory(const Problem& p, int64_t T, bool into, bool prepared, bool prequantized) {
-  const int64_t E = p.experts, H = p.hidden, F = p.ffn;
-  const char* what = "memory";
-  const QuantSpec q = quant_spec(p, ScaleLayout::compact);  // the layout does not change the bytes
-  int64_t n = 0;
-  auto add = [&](int64_t b) { n = checked_add(n, b, what); };
-  if (!into) add(tensor_bytes(DType::bf16, {T, 2 * F}, what));  // c
-  if (p.recipe != Recipe::bf16) {
-    if (!prequantized) {
-      add(quant_bytes(q, T, H, BlockAxis::row, E, what));             // x_row
-      if (!into) add(quant_bytes(q, T, H, BlockAxis::col, E, what));  // x_col
-    }
-    if (!prepared) add(per_call_weight_bytes(p, q, BlockAxis::row));
-    add(quant_bytes(q, T, F, BlockAxis::row, E, what));               // a_row
-    if (!into) add(quant_bytes(q, T, F, BlockAxis::col, E, what));    // a_col
-  } else if (!into) {
-    add(tensor_bytes(DType::bf16, {T, F}, what));  // a
-  }
-  return n;
-}
-
-// The library memory backward_impl allocates below.
-int64_t backward_memory(const Problem& p, int64_t T, bool into, bool prepared) {
-  const int64_t E = p.experts, H = p.hidden, F = p.ffn;
-  const char* what = "memory";
-  int64_t n = 0;
-  auto add = [&](int64_t b) { n = checked_add(n, b, what); };
-  const QuantSpec q = quant_spec(p, ScaleLayout::compact);
-  if (p.fc2_bias && p.scale_fc2_bias) add(tensor_bytes(DType::f32, {T}, what));  // dprob_add
-  if (p.recipe != Recipe::bf16) {
-    add(quant_bytes(q, T, H, BlockAxis::row, E, what));                // dy_row
-    if (!into) add(quant_bytes(q, T, H, BlockAxis::col, E, what));     // dy_col
-    if (!prepared) add(per_call_weight_bytes(p, q, BlockAxis::col));
-    add(quant_bytes(q, T, 2 * F, BlockAxis::row, E, what));            // dc_row
-    if (!into) add(quant_bytes(q, T, 2 * F, BlockAxis::col, E, what)); // dc_col
-  } else if (!into) {
-    add(tensor_bytes(DType::bf16, {T, 2 * F}, what));  // dc
-  }
-  return n;
-}
+// ---- Memory: the estimate is the planned peak of the same call (layer_plan.h planned_peak) ----
 
 std::string call_name(const char* call, const Problem& p, int64_t T) {
   return std::string(call) + " (T=" + std::to_string(T) + ", " + describe(p) + ")";
 }
 
-// Runs `f` (the allocations and steps of one call); an allocation failure becomes an
-// OutOfMemoryError that says how much the whole call needs and which allocation failed.
-template <class Fn>
-auto with_memory_estimate(const std::string& what, int64_t need, Fn&& f) {
-  const std::string head = what + " needs about " + format_bytes(need) + " of library memory; ";
+// Runs `run` (the allocations and steps of one call) after checking the call's planned peak
+// (`plan`, the same call run dry) against the device's memory where the library allocates from its
+// own pool; an allocation failure becomes an OutOfMemoryError that says how much the whole call
+// needs (planned then, off the hot path) and which allocation failed.
+template <class Run>
+auto with_memory_estimate(Context& ctx, const std::string& what, Device d, const std::function<void(Context&)>& plan,
+                          Run&& run) {
+  const Allocator& allocator = ctx.options().allocator;
+  if (!allocator.set()) check_capacity(d, planned_peak(ctx, plan), allocator, what);
+  auto head = [&] { return what + " needs about " + format_bytes(planned_peak(ctx, plan)) + " of library memory; "; };
   try {
-    return f();
+    return run();
   } catch (const OutOfMemoryError& e) {
     std::string msg = e.what();
     if (msg.rfind(e.argument() + ": ", 0) == 0) msg.erase(0, e.argument().size() + 2);
-    throw OutOfMemoryError(e.argument(), head + msg);
+    throw OutOfMemoryError(e.argument(), head() + msg);
   } catch (const std::bad_alloc&) {
-    throw OutOfMemoryError("memory", head + "a host allocation inside the library failed (std::bad_alloc)");
+    throw OutOfMemoryError("memory", head() + "a host allocation inside the library failed (std::bad_alloc)");
   }
 }
 
@@ -236,9 +187,9 @@ SavedState forward_impl(Context& ctx, const Problem& p, const ForwardArgs& a, co
   validate_forward(p, a, into, ctx.options().scale_layout);
   const int64_t T = forward_tokens(a);
   const std::string what = call_name("forward", p, T);
-  const int64_t need = forward_memory(p, T, into != nullptr, a.prepared != nullptr, forward_prequantized(a));
-  check_capacity(forward_device(a), need, ctx.options().allocator, what);
-  return with_memory_estimate(what, need, [&] { return forward_run(ctx, p, a, into); });
+  return with_memory_estimate(
+      ctx, what, forward_device(a), [&](Context& dry) { forward_run(dry, p, a, into); },
+      [&] { return forward_run(ctx, p, a, into); });
 }
 
 }  // namespace
@@ -318,9 +269,9 @@ WgradState backward_impl(Context& ctx, SavedState& saved, const BackwardArgs& a,
   validate_backward(saved, a, into, ctx.options().scale_layout);
   const SavedImpl& s = saved.impl();
   const std::string what = call_name("backward", s.problem, s.tokens);
-  const int64_t need = backward_memory(s.problem, s.tokens, into != nullptr, a.prepared != nullptr);
-  check_capacity(s.device, need, ctx.options().allocator, what);
-  return with_memory_estimate(what, need, [&] { return backward_run(ctx, saved, a, into); });
+  return with_memory_estimate(
+      ctx, what, s.device, [&](Context& dry) { backward_run(dry, saved, a, into); },
+      [&] { return backward_run(ctx, saved, a, into); });
 }
 
 }  // namespace
@@ -386,14 +337,24 @@ WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, 
   // consumed, even should a later step fail), what only FC1's dgrad reads once that has run.
   add_copy(dgrad, w2);
   add_copy(dgrad, w1);
-  s.consumed = true;
-  dgrad.release_after(gemm2, std::move(s.c.buf));
+  // A dry run (the memory estimate, a plan) leaves the saved state to the real call.
+  const bool dry = planning(ctx);
+  if (!dry) {
+    s.consumed = true;
+    dgrad.release_after(gemm2, std::move(s.c.buf));
+  } else {
+    dgrad.count_release_after(gemm2, s.c.buf.bytes);
+  }
   dgrad.release_after(gemm2, std::move(dprob_add.buf));
   release_after(dgrad, gemm2, dy_row);
   release_after(dgrad, gemm2, w2);
   release_after(dgrad, gemm1, dc_row);
   release_after(dgrad, gemm1, w1);
   dgrad.run();
+  if (dry) {
+    if (wgrad) wgrad->run();
+    return WgradState();
+  }
 
   // The wgrad operands move from the saved state.
   if (mx) {
@@ -413,36 +374,7 @@ WgradState backward_run(Context& ctx, SavedState& saved, const BackwardArgs& a, 
 
 // The library memory prepare_weights allocates (with `copies`: the bf16 copies too; with
 // `transposed`: fp8_blockwise's transposed copies).
-namespace {
-int64_t prepare_memory(const Problem& p, bool copies, bool transposed) {
-  if (p.recipe == Recipe::bf16) return 0;
-  const int64_t E = p.experts, H = p.hidden, F = p.ffn;
-  const char* what = "memory";
-  const QuantSpec q = quant_spec(p, ScaleLayout::compact);
-  int64_t n = 0;
-  if (q.format == QuantFormat::fp8_block) {  // one copy of each weight serves fprop and dgrad
-    n = checked_add(n, expert_quant_bytes(q, E, 2 * F, H, BlockAxis::row, what), what);
-    n = checked_add(n, expert_quant_bytes(q, E, H, F, BlockAxis::row, what), what);
-    if (copies) n = checked_add(n, checked_mul({E, 3 * F, H, 2}, what), what);  // one bf16 copy each
-    if (transposed) {  // e4m3 [E, H, 2F] and [E, F, H] with their block scales
-      n = checked_add(n, checked_mul({E, 3 * F, H}, what), what);
-      const int64_t scales = checked_add(fp8_weight_scale_count(H, 2 * F), fp8_weight_scale_count(F, H), what);
-      n = checked_add(n, checked_mul({E, scales, 4}, what), what);
-    }
-    return n;
-  }
-  for (BlockAxis axis : {BlockAxis::row, BlockAxis::col}) {
-    if (copies) {  // the bf16 copies alone
-      n = checked_add(n, checked_mul({E, 3 * F, H, 2}, what), what);
-      continue;
-    }
-    n = checked_add(n, expert_mxfp8_bytes(E, 2 * F, H, axis, what), what);  // w1
-    n = checked_add(n, expert_mxfp8_bytes(E, H, F, axis, what), what);      // w2
-  }
-  return n;
-}
 
-}  // namespace
 
 namespace {
 
@@ -500,9 +432,9 @@ PreparedWeights prepare_weights(Context& ctx, const Problem& p, const WeightsArg
   const Device d = validate_prepare_weights(p, w);
   const std::string what = "prepare_weights (" + describe(p) + ")";
   const PreparedForms forms = prepared_forms(ctx, p, w, d);
-  const int64_t need = prepare_memory(p, forms.bf16_copies, forms.transposed);
-  check_capacity(d, need, ctx.options().allocator, what);
-  return with_memory_estimate(what, need, [&] { return prepare_run(ctx, p, w, d, forms); });
+  return with_memory_estimate(
+      ctx, what, d, [&](Context& dry) { prepare_run(dry, p, w, d, forms); },
+      [&] { return prepare_run(ctx, p, w, d, forms); });
 }
 
 SavedState forward(Context& ctx, const Problem& p, const ForwardArgs& a) {

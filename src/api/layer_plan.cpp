@@ -16,9 +16,10 @@ namespace {
 struct PlanningContext {
   PlanningMemory memory;
   Context ctx;
-  PlanningContext(const Context& from) : ctx(options_of(from, memory)) {
+  explicit PlanningContext(const Context& from) : ctx(options_of(from, memory)) {
     ctx.impl().target = from.impl().target;
     ctx.impl().dry_run = true;
+    ctx.impl().memory = &memory;
   }
   static Options options_of(const Context& from, PlanningMemory& m) {
     Options o = from.options();
@@ -26,10 +27,10 @@ struct PlanningContext {
     o.stream = nullptr;
     return o;
   }
-  // A caller tensor of the call: an address with nothing behind it.
+  // A caller tensor of the call: an address with nothing behind it, not counted as library memory.
   TensorView view(DType t, std::initializer_list<int64_t> shape, Device d) {
-    TensorView v = TensorView::of(nullptr, t, shape, d);
-    v.data = ctx.options().allocator.allocate(v.bytes(), d, nullptr, &memory);
+    TensorView v = TensorView::of(reinterpret_cast<void*>(memory.next), t, shape, d);
+    memory.next += static_cast<uintptr_t>((v.bytes() + 255) / 256 * 256 + 256);
     return v;
   }
 };
@@ -70,9 +71,15 @@ LayerPlan plan_layer(const Context& ctx, const Problem& p, int64_t T, Device d, 
   return {pc.ctx.report(), pc.memory.peak};
 }
 
+int64_t planned_peak(const Context& ctx, const std::function<void(Context&)>& call) {
+  PlanningContext pc(ctx);
+  call(pc.ctx);
+  return pc.memory.peak;
+}
+
 PreparedForms prepared_forms(const Context& ctx, const Problem& p, const WeightsArgs& w, Device d) {
   PreparedForms f;
-  if (!w.bf16_copies || p.recipe == Recipe::bf16 || d.type != DeviceType::cuda) return f;
+  if (!w.bf16_copies || p.recipe == Recipe::bf16) return f;
   // The GEMMs' plans in a call without prepared weights: what they read, or transpose in every call.
   for (const StepRecord& r : plan_layer(ctx, p, /*tokens=*/4096, d, /*prepared=*/false).steps) {
     const bool weight_gemm = r.step == "fc1_fprop" || r.step == "fc2_fprop" || r.step == "fc1_dgrad" ||

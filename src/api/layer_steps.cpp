@@ -1,6 +1,9 @@
 // The grouped MLP's steps (src/api/layer_steps.h).
 #include "src/api/layer_steps.h"
 
+#include "src/dispatch/context_impl.h"
+
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -138,6 +141,8 @@ void PlannedSteps::release_after(size_t after, Buffer buffer) {
   releases_.emplace_back(after, std::move(buffer));
 }
 
+void PlannedSteps::count_release_after(size_t after, int64_t bytes) { counted_releases_.emplace_back(after, bytes); }
+
 void PlannedSteps::run() {
   const Options& o = ctx_.options();
   for (size_t i = 0; i < steps_.size(); ++i) {
@@ -149,7 +154,13 @@ void PlannedSteps::run() {
       std::get<MGemmStep>(steps_[c.gemm].args).gemm.b.dequantized.dense.data = copy.ptr;
       releases_.emplace_back(c.gemm, std::move(copy));
     }
-    if (!planning(ctx_)) detail::run(ctx_, choices_[i], steps_[i]);
+    if (!planning(ctx_)) {
+      detail::run(ctx_, choices_[i], steps_[i]);
+    } else if (PlanningMemory* m = ctx_.impl().memory; m != nullptr) {
+      m->peak = std::max(m->peak, m->live + choices_[i].plan.workspace);
+      for (const auto& [after, bytes] : counted_releases_)
+        if (after == i) m->live -= bytes;
+    }
     std::erase_if(releases_, [i](const std::pair<size_t, Buffer>& r) { return r.first == i; });
   }
 }

@@ -63,6 +63,9 @@ class PlannedSteps {
   // Frees `buffer` (stream-ordered) once steps[after] has run: every step that reads it is at or
   // before `after`.
   void release_after(size_t after, Buffer buffer);
+  // A dry run's accounting of a buffer the real call frees once steps[after] has run, where the dry
+  // run must leave it alone (the saved state's, which the real call consumes).
+  void count_release_after(size_t after, int64_t bytes);
   // Every step, in order; in a planning context (set_planning_target) none runs, and the steps'
   // buffers are only counted.
   void run();
@@ -77,6 +80,7 @@ class PlannedSteps {
   };
   std::vector<Copy> copies_;
   std::vector<std::pair<size_t, Buffer>> releases_;
+  std::vector<std::pair<size_t, int64_t>> counted_releases_;
 };
 
 // ---- quantize steps (mxfp8 recipe) ----

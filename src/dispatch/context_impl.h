@@ -16,6 +16,7 @@ struct ContextImpl {
   std::vector<StepRecord> report;
   std::optional<DeviceFacts> target;  // set_planning_target: plan for this device
   bool dry_run = false;               // steps plan but never run (set_planning_target, plan_layer)
+  PlanningMemory* memory = nullptr;   // a dry run's buffer accounting: each step's workspace on top
   void record(StepRecord r);          // repeated identical decisions are merged
   void* stream() const { return options.stream; }
 };

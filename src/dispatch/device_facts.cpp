@@ -49,7 +49,7 @@ void set_planning_target(Context& ctx, const std::string& arch) {
     ctx.impl().target = DeviceFacts{.ok = true,
                                     .major = t.major,
                                     .minor = t.minor,
-                                    .name = std::string(t.name) + " (planned: " + t.what + ")",
+                                    .name = std::string(t.what) + ", planned",
                                     .planned = true};
     ctx.impl().dry_run = true;
     return;

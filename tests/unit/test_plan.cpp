@@ -98,8 +98,9 @@ TEST(Plan, GpuTargetsPlanWithoutADevice) {
     }
     const detail::LayerPlan plan = detail::plan_layer(ctx, p, 1024, gpu, false);
     for (const StepRecord& r : plan.steps) EXPECT_NE(r.backend, "cpu") << r.step;
-    if (std::string(arch) == "sm_80")
+    if (std::string(arch) == "sm_80") {
       for (const StepRecord& r : plan.steps) EXPECT_EQ(r.backend, "cuda_portable") << r.step;
+    }
   }
 }
 

@@ -72,6 +72,7 @@ struct Row {
   std::string preset, split, recipe, op;
   double ms = 0, flops = 0, bytes = 0;
   double peak_mib = -1;  // layer rows: peak device memory of one run (< 0: not measured)
+  double plan_mib = -1;  // the same from the plan: the resident tensors + the planned library peak
 };
 
 // The token split of each (preset, split) benchmarked, for the peer script to reuse.
@@ -221,6 +222,10 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, bool pow2, DType dw_d
     SavedState s = forward(ctx, p, fa);
     backward(ctx, s, ba);
   });
+  auto plan_mib = [&](bool prepared) {
+    return (resident + double(plan_layer(ctx, p, T, fa.x.device, prepared).peak_bytes)) / (1024.0 * 1024.0);
+  };
+  rows.back().plan_mib = plan_mib(false);
   if (recipe != Recipe::bf16) {
     // Weights quantized once per version (prepare_weights, timed on its own) and reused, as across
     // micro-batches or with the PyTorch module's cache; the rows above quantize them in the call.
@@ -241,6 +246,7 @@ void bench_one(const Preset& pr, bool skew, Recipe recipe, bool pow2, DType dw_d
       SavedState s = forward(ctx, p, fp);
       backward(ctx, s, bp);
     });
+    rows.back().plan_mib = plan_mib(true);
   }
 
   // The layer's steps (src/api/layer_steps.h), on operands prepared once in the recipe's format,
@@ -363,6 +369,12 @@ int command_bench(const CliOptions& o) {
   for (const Row& r : rows)
     std::printf("| %s | %s | %s | %s | %.3f | %.1f | %.0f |\n", r.preset.c_str(), r.split.c_str(), r.recipe.c_str(),
                 r.op.c_str(), r.ms, r.flops / r.ms * 1e-9, r.bytes / r.ms * 1e-6);
+  std::printf("\n| preset | split | recipe | op | measured peak MiB | planned MiB | planned / measured |\n"
+              "|---|---|---|---|---|---|---|\n");
+  for (const Row& r : rows)
+    if (r.peak_mib >= 0 && r.plan_mib >= 0)
+      std::printf("| %s | %s | %s | %s | %.1f | %.1f | %.3f |\n", r.preset.c_str(), r.split.c_str(), r.recipe.c_str(),
+                  r.op.c_str(), r.peak_mib, r.plan_mib, r.plan_mib / r.peak_mib);
   if (!o.json_path.empty()) {
     using json = nlohmann::ordered_json;
     auto rounded = [](double v, double scale) { return json(std::round(v * scale) / scale); };
@@ -385,6 +397,8 @@ int command_bench(const CliOptions& o) {
                            {"gbps", rounded(r.bytes / r.ms * 1e-6, 1e1)}});
     for (size_t i = 0; i < rows.size(); ++i)
       if (rows[i].peak_mib >= 0) j["rows"][i]["peak_mib"] = rounded(rows[i].peak_mib, 10);
+    for (size_t i = 0; i < rows.size(); ++i)
+      if (rows[i].plan_mib >= 0) j["rows"][i]["plan_mib"] = rounded(rows[i].plan_mib, 10);
     j["splits"] = json::array();
     for (const SplitRecord& r : splits)
       j["splits"].push_back({{"preset", r.preset},

@@ -11,6 +11,17 @@
 namespace mxmoe::cli {
 namespace {
 
+// Bytes in the largest binary unit that keeps a number >= 1, one decimal.
+std::string short_bytes(int64_t n) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
 std::string launches_text(const StepRecord& r) {
   std::string s;
   for (const LaunchRecord& l : r.launches)
@@ -72,11 +83,11 @@ int command_plan(const CliOptions& o) {
   std::printf("%-24s %-14s %-20s %10s  %s\n", "step", "backend", "config", "workspace", "weights");
   for (const StepRecord& r : plan.steps) {
     std::printf("%-24s %-14s %-20s %10s  %s\n", r.step.c_str(), r.backend.c_str(), r.config.c_str(),
-                detail::format_bytes(r.workspace_bytes).c_str(), r.weights.empty() ? "-" : r.weights.c_str());
+                short_bytes(r.workspace_bytes).c_str(), r.weights.empty() ? "-" : r.weights.c_str());
     std::printf("    launches: %s\n", launches_text(r).c_str());
     for (const auto& [backend, why] : r.skipped) std::printf("    not %s: %s\n", backend.c_str(), why.c_str());
   }
-  std::printf("library buffers held at once (workspaces aside): %s\n", detail::format_bytes(plan.peak_bytes).c_str());
+  std::printf("library buffers held at once (workspaces aside): %s\n", short_bytes(plan.peak_bytes).c_str());
   if (!o.json_path.empty()) write_json(o.json_path, target, cfg, plan);
   return kExitOk;
 }

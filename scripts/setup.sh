@@ -22,13 +22,14 @@ fi
 # CUTLASS/CuTe headers for the Hopper backend, where there is a CUDA compiler to use them.
 if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then scripts/install_cutlass.sh; fi
 
-# PyTorch and pytest for the torch extension and python/tests (the Torch.PytestSuite test): the
-# pinned python/requirements-test.txt in a virtual environment of the checkout (.venv, about 5 GB,
-# two minutes here), unless the python3 on PATH already imports both. MXMOE_NO_TORCH=1 skips it
-# (then the extension and its tests are left out, and configure says so).
+# PyTorch, pytest and transformers for the torch extension and python/tests (the Torch.PytestSuite
+# test; transformers for mxmoe_torch.hf): the pinned python/requirements-test.txt in a virtual
+# environment of the checkout (.venv, about 5 GB, two minutes here), unless the python3 on PATH
+# already imports all three. MXMOE_NO_TORCH=1 skips it (then the extension and its tests are left
+# out, and configure says so).
 cmake_args=(${MXMOE_CMAKE_ARGS:-})
 if [ -z "${MXMOE_NO_TORCH:-}" ]; then
-  if python3 -c "import torch, pytest" >/dev/null 2>&1; then
+  if python3 -c "import torch, pytest, transformers" >/dev/null 2>&1; then
     py=$(command -v python3)
   else
     [ -x .venv/bin/python ] || python3 -m venv .venv

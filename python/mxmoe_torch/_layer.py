@@ -104,6 +104,36 @@ def _traced(t):
     return t.device.type == "meta" or torch._subclasses.fake_tensor.is_fake(t)
 
 
+def weights_cache_key(weights, config):
+    """The key under which copies made from `weights` (prepared or re-laid-out) stay valid, or None
+    where no copy may be kept across calls: the copies are then made per call.
+
+    The key holds each weight's version counter (bumped by in-place updates: copy_ under no_grad,
+    load_state_dict, an optimizer step), the torch.optim step count (fused optimizers write without
+    bumping versions), storage, device, dtype and shape, the current CUDA stream (copies made on it
+    are ordered before this call's kernels) and `config`."""
+    # torch.compile (and torch.export): the cache is Python state keyed by version counters, which
+    # a traced graph can neither guard on nor update; the opaque object would also have to be
+    # traced as a graph input. Compiled code quantizes per call.
+    if torch.compiler.is_compiling() or any(_traced(w) for w in weights):
+        return None
+    # Inference tensors have no version counter, so an in-place update could not be seen.
+    if any(w.is_inference() for w in weights):
+        return None
+    stream = None
+    if weights[0].is_cuda:
+        # CUDA-graph capture: a replay re-runs only what was captured, so a graph reading these
+        # copies would keep reading them after an optimizer step changed the weights between
+        # replays. Captured, the weights are quantized inside the graph, per call.
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        # Made on the current stream, so this forward (and backward, on the same stream) is
+        # ordered after the copies are written; another stream gets its own copies.
+        stream = torch.cuda.current_stream(weights[0].device).cuda_stream
+    per_weight = tuple((w._version, w.device, w.dtype, w.data_ptr(), tuple(w.shape)) for w in weights)
+    return (per_weight, _optimizer_steps, stream, config)
+
+
 class _WgradSink:
     """Where the eager-only modes put the weight gradients: main-grad buffers and/or a FIFO."""
 
@@ -363,26 +393,9 @@ class GroupedMLP(nn.Module):
         if self.recipe == "bf16" or not self.cache_prepared_weights:
             return None  # the bf16 recipe reads the weights as given: nothing to prepare
         w1, w2 = self.w1, self.w2
-        # torch.compile (and torch.export): the cache is Python state keyed by version counters,
-        # which a traced graph can neither guard on nor update; the opaque object would also have to
-        # be traced as a graph input. Compiled code quantizes per call, exactly as before.
-        if torch.compiler.is_compiling() or _traced(w1) or _traced(w2):
+        key = weights_cache_key((w1, w2), self.config)
+        if key is None:
             return None
-        # Inference tensors have no version counter, so an in-place update could not be seen.
-        if w1.is_inference() or w2.is_inference():
-            return None
-        stream = None
-        if w1.is_cuda:
-            # CUDA-graph capture: a replay re-runs only what was captured, so a graph reading these
-            # copies would keep reading them after an optimizer step changed the weights between
-            # replays. Captured, the weights are quantized inside the graph, per call.
-            if torch.cuda.is_current_stream_capturing():
-                return None
-            # Made on the current stream, so this forward (and backward, on the same stream) is
-            # ordered after the copies are written; another stream gets its own copies.
-            stream = torch.cuda.current_stream(w1.device).cuda_stream
-        key = (w1._version, w2._version, _optimizer_steps, w1.device, w2.device, w1.dtype, w2.dtype, w1.data_ptr(),
-               w2.data_ptr(), tuple(w1.shape), tuple(w2.shape), stream, self.config)
         cache = self._prepared
         if cache.key != key or cache.weights is None:
             # Drop the old copies first, so the two do not coexist (a pending backward keeps its own).

@@ -91,14 +91,17 @@ for s in $steps; do
     bench)
       # `mxmoe bench` (every preset but small, balanced and skewed, mxfp8 and bf16; BENCH_ARGS narrows
       # or adds, e.g. '--preset dsv3' or '--recipe fp8_blockwise'), then bench/peer_torch.py measures
-      # the torch peers on every split of its JSON (PEER_ARGS adds options, e.g. '--no-compile').
+      # the torch peers on every split of its JSON (PEER_ARGS adds options, e.g. '--no-compile'; with
+      # fp8_blockwise rows it adds torchao's FP8 row-wise layer; PEER_TIMEOUT, default 300 s).
       # $OUT gets bench.json, peer.json, bench.md and bench.png.
       # shellcheck disable=SC2086
       timeout 400 "$B/mxmoe" bench ${BENCH_ARGS:-} --json "$OUT/bench.json" >"$L/bench.log" 2>&1
       rc=$?; summary "mxmoe bench${BENCH_ARGS:+ $BENCH_ARGS}" "rc=$rc"; keep bench.log $rc
       if [ $rc -ne 0 ] || [ ! -s "$OUT/bench.json" ]; then tail -30 "$L/bench.log"; continue; fi
+      # torchao (the FP8 row-wise layer peer of fp8_blockwise runs) from the carried .whl/torchao-0.18.0-*.whl
+      ls .whl/torchao-*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --upgrade --target "$B/site" .whl/torchao-*.whl >"$L/torchao.log" 2>&1
       # shellcheck disable=SC2086
-      PYTHONUNBUFFERED=1 timeout 300 python3 bench/peer_torch.py --mxmoe-json "$OUT/bench.json" --out-dir "$OUT" \
+      PYTHONPATH="$(realpath -m "$B")/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 timeout "${PEER_TIMEOUT:-300}" python3 bench/peer_torch.py --mxmoe-json "$OUT/bench.json" --out-dir "$OUT" \
         --warmup 3 --iters 10 --time-budget 200 ${PEER_ARGS:-} >"$L/peer.log" 2>&1
       rc=$?; summary peer "rc=$rc"; keep peer.log $rc
       [ $rc -eq 0 ] || tail -30 "$L/peer.log"

@@ -29,7 +29,7 @@ have_torch() {
   [ -f "$torch_lib" ] && return 0
   summary "$1" "skipped: the torch extension was not built (no PyTorch at configure time)"; return 1
 }
-with_torch() { PYTHONPATH=python MXMOE_TORCH_LIBRARY="$torch_lib" PYTHONUNBUFFERED=1 "$@"; }
+with_torch() { PYTHONPATH="python:$(realpath -m "$B")/site" MXMOE_TORCH_LIBRARY="$torch_lib" PYTHONUNBUFFERED=1 "$@"; }
 
 for s in $steps; do
   # STOP_AFTER=N: steps not begun by N seconds into the call are skipped (a call has 600 s).
@@ -51,7 +51,11 @@ for s in $steps; do
       cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DMXMOE_CUDA_ARCHS=90a "${fast[@]}" -DGTEST_ROOT="$PWD/.deps/gtest" \
         "${prefix[@]}" ${CMAKE_ARGS:-} >>"$L/build.log" 2>&1 && cmake --build "$B" -j16 >>"$L/build.log" 2>&1
       rc=$?; summary build "rc=$rc"; keep build.log $rc
-      [ $rc -eq 0 ] || { tail -40 "$L/build.log"; exit 1; } ;;
+      [ $rc -eq 0 ] || { tail -40 "$L/build.log"; exit 1; }
+      # The carried Python wheels the suites and peers pin (transformers, torchao) over the machine's own.
+      for w in .whl/transformers-*.whl .whl/torchao-*.whl; do
+        [ -f "$w" ] && python3 -m pip install -q --no-index --no-deps --upgrade --target "$B/site" "$w" >>"$L/build.log" 2>&1
+      done ;;
     test)
       # Every CTest test but label torch: the torch step runs that suite itself (it is most of
       # ctest's time otherwise).
@@ -98,8 +102,7 @@ for s in $steps; do
       timeout 400 "$B/mxmoe" bench ${BENCH_ARGS:-} --json "$OUT/bench.json" >"$L/bench.log" 2>&1
       rc=$?; summary "mxmoe bench${BENCH_ARGS:+ $BENCH_ARGS}" "rc=$rc"; keep bench.log $rc
       if [ $rc -ne 0 ] || [ ! -s "$OUT/bench.json" ]; then tail -30 "$L/bench.log"; continue; fi
-      # torchao (the FP8 row-wise layer peer of fp8_blockwise runs) from the carried .whl/torchao-0.18.0-*.whl
-      ls .whl/torchao-*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --upgrade --target "$B/site" .whl/torchao-*.whl >"$L/torchao.log" 2>&1
+      # torchao (the FP8 row-wise layer peer of fp8_blockwise runs): the carried wheel, installed by build.
       # shellcheck disable=SC2086
       PYTHONPATH="$(realpath -m "$B")/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 timeout "${PEER_TIMEOUT:-300}" python3 bench/peer_torch.py --mxmoe-json "$OUT/bench.json" --out-dir "$OUT" \
         --warmup 3 --iters 10 --time-budget 200 ${PEER_ARGS:-} >"$L/peer.log" 2>&1

@@ -57,6 +57,9 @@ namespace portable {
 // src/cuda/portable/: mma.sync grouped GEMMs for any GPU from sm_80.
 void gemm_m(const detail::MGemmStep& s, void* stream);
 void gemm_k(const KGroupedGemmArgs& a, void* stream);
+// Their plans: one configuration, the launches in order and the workspace.
+detail::StepPlan plan_gemm_m(const detail::MGemmStep& s);
+detail::StepPlan plan_gemm_k(const KGroupedGemmArgs& a);
 void fc2_bias_grads(const detail::Fc2BiasGradStep& s, void* stream);
 // src/cuda/portable/permute.cu: token routing (a stable counting sort of the top-k ids on the
 // device), the row scatter and the fp32 slot-order gather-sum (docs/kernels/permute.md).

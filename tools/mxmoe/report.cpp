@@ -51,10 +51,11 @@ void print_report(const RunReport& r, std::FILE* out) {
   for (const StepRecord& s : r.steps) {
     // Most steps skip the same backends for the same reason: say it once.
     const bool as_above = previous && !s.skipped.empty() && s.skipped == previous->skipped;
-    if (as_above)
-      std::fprintf(out, "    %-20s %-14s (skipped as above)\n", s.step.c_str(), s.backend.c_str());
-    else
-      std::fprintf(out, "    %-20s %s\n", s.step.c_str(), s.backend.c_str());
+    std::fprintf(out, "    %-20s %-14s %s%s\n", s.step.c_str(), s.backend.c_str(), s.config.c_str(),
+                 as_above ? "  (skipped as above)" : "");
+    // One row per launch of the step's plan, with its configuration where it has one.
+    for (const LaunchRecord& l : s.launches)
+      std::fprintf(out, "      launch  %s%s\n", l.kernel.c_str(), l.config.empty() ? "" : (" [" + l.config + "]").c_str());
     if (!as_above)
       for (const auto& [name, why] : s.skipped) std::fprintf(out, "      skipped %s: %s\n", name.c_str(), why.c_str());
     previous = &s;
@@ -105,7 +106,15 @@ void write_report_json(const RunReport& r, const std::string& path) {
   for (const StepRecord& s : r.steps) {
     json skipped = json::array();
     for (const auto& [backend, why] : s.skipped) skipped.push_back({{"backend", backend}, {"reason", why}});
-    steps.push_back({{"step", s.step}, {"backend", s.backend}, {"skipped", std::move(skipped)}});
+    json launches = json::array();
+    for (const LaunchRecord& l : s.launches) launches.push_back({{"kernel", l.kernel}, {"config", l.config}});
+    steps.push_back({{"step", s.step},
+                     {"backend", s.backend},
+                     {"config", s.config},
+                     {"launches", std::move(launches)},
+                     {"workspace_bytes", s.workspace_bytes},
+                     {"weights", s.weights},
+                     {"skipped", std::move(skipped)}});
   }
   j["steps"] = std::move(steps);
   j["forward"] = {{"seconds", number(r.forward_s)}, {"tflops", number(tflops(ff, r.forward_s))}};

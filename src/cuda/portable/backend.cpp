@@ -28,6 +28,12 @@ class CudaPortableBackend final : public detail::Backend {
                      "(cuda_sm90 has them, on a Hopper GPU); power-of-two scales (pow2_scales) run here"};
     return {true, ""};
   }
+  detail::StepPlan plan(const detail::StepQuery& q, const std::string& config) const override {
+    if (q.gemm_m == nullptr && q.gemm_k == nullptr) return Backend::plan(q, config);
+    if (!config.empty() && config != "mma_sync")
+      throw Error("options.overrides", "cuda_portable has one GEMM configuration, \"mma_sync\"; not \"" + config + "\"");
+    return q.gemm_m != nullptr ? portable::plan_gemm_m(*q.gemm_m) : portable::plan_gemm_k(*q.gemm_k);
+  }
   void quantize(Context& c, const QuantizeArgs& a) override { cuda::quantize(a, c.options().stream); }
   void dequantize(Context& c, const DequantizeArgs& a) override { cuda::dequantize(a, c.options().stream); }
   void quantize_experts(Context& c, const detail::QuantizeExpertsStep& s) override {

@@ -10,6 +10,23 @@ namespace {
 const TensorView& operand_view(const Operand& a) { return a.mx.data.rank > 0 ? a.mx.data : a.bf16; }
 }  // namespace
 
+detail::StepPlan plan_gemm_k(const KGroupedGemmArgs& a) {
+  detail::StepPlan p;
+  p.config = "mma_sync";
+  const bool fp8_block = a.a.mx.data.rank > 0 && a.a.mx.format == QuantFormat::fp8_block;
+  const TensorView& av = operand_view(a.a);
+  const TensorView& bv = operand_view(a.b);
+  const int64_t rows = av.rank == 2 ? av.shape[0] : 0, experts = a.offsets.experts();
+  if (fp8_block) {  // both operands dequantized (exact for power-of-two scales), then the BF16 kernel
+    p.launches = {{"dequantize_a", ""}, {"dequantize_b", ""}};
+    p.workspace = Workspace::aligned(av.numel() * 2) + Workspace::aligned(bv.numel() * 2);
+  }
+  p.launches.push_back({"group_schedule", ""});
+  p.launches.push_back({"gemm", std::string(a.a.mx.data.rank > 0 && !fp8_block ? "mxfp8" : "bf16") + " mma.sync wgrad"});
+  p.workspace += group_schedule_bytes(experts, rows, /*block_m=*/0);
+  return p;
+}
+
 void gemm_k(const KGroupedGemmArgs& a, void* stream_ptr) {
   // FP8 blockwise: through these BF16 kernels (src/cuda/quant/fp8_block.cu).
   if (a.a.mx.data.rank > 0 && a.a.mx.format == QuantFormat::fp8_block)

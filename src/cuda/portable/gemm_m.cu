@@ -36,6 +36,46 @@ void launch_by_epilogue(Epi epi, const MGemmParams& p, cudaStream_t stream) {
 
 }  // namespace
 
+detail::StepPlan plan_gemm_m(const detail::MGemmStep& s) {
+  detail::StepPlan p;
+  p.config = "mma_sync";
+  const MGroupedGemmArgs& g = s.gemm;
+  const bool fp8_block = g.a.mx.data.rank > 0 && g.a.mx.format == QuantFormat::fp8_block;
+  const bool fp8 = g.a.mx.data.rank > 0 && !fp8_block;
+  const TensorView& av = operand_view(g.a);
+  const int64_t rows = av.rank == 2 ? av.shape[0] : 0, k = av.rank == 2 ? av.shape[1] : 0;
+  const int64_t experts = g.offsets.experts();
+  const Epi epi = to_epi(s.epilogue);
+  p.weights = g.b.is_mxfp8() ? detail::WeightForm::quantized : detail::WeightForm::given;
+  if (fp8_block) {  // both operands dequantized (exact for power-of-two scales), then the BF16 kernel
+    const TensorView& bd = g.b.data.dense;
+    const bool copy = g.b.dequantized.dense.data != nullptr;
+    p.launches.push_back({"dequantize_a", ""});
+    if (!copy) p.launches.push_back({"dequantize_b", ""});
+    p.workspace += Workspace::aligned(rows * k * 2) + (copy ? 0 : Workspace::aligned(bd.numel() * 2));
+  }
+  const char* epilogue = epi == Epi::store ? "store" : epi == Epi::glu_forward ? "glu_forward" : "glu_backward";
+  p.launches.push_back({"group_schedule", ""});
+  p.launches.push_back({"gemm", std::string(fp8 ? "mxfp8" : "bf16") + " mma.sync " + epilogue});
+  const int64_t out_cols_per_tile = epi == Epi::glu_forward ? kGluFwdF : kBlockN;
+  const int64_t n_tiles = ((epi == Epi::store ? detail::gemm_width(s) : s.ffn) + out_cols_per_tile - 1) / out_cols_per_tile;
+  const bool bwd = epi == Epi::glu_backward;
+  const int64_t dprob_floats = bwd && s.dprobs.data != nullptr ? n_tiles * rows : 0;
+  const int64_t db1_floats =
+      bwd && s.db1.dst.data != nullptr ? static_cast<int64_t>(m_tiles_bound(rows, experts, kBlockM)) * 2 * s.ffn : 0;
+  p.workspace += group_schedule_bytes(experts, rows, kBlockM) + Workspace::aligned(dprob_floats * 4) +
+                 Workspace::aligned(db1_floats * 4);
+  if (dprob_floats > 0) p.launches.push_back({"reduce_dprob", ""});
+  if (db1_floats > 0) p.launches.push_back({"reduce_db1", ""});
+  // Quantized outputs: in the epilogue, except where a row-wise block of dC straddles its two halves.
+  const bool after = has_quantized_outputs(s) && (fp8_block || (bwd && s.ffn % kMxBlock != 0));
+  if (after) {
+    p.launches.push_back({"quantize_out", ""});
+    p.workspace += staged_output_bytes(s);
+  }
+  return p;
+}
+
 void gemm_m(const detail::MGemmStep& s, void* stream_ptr) {
   // FP8 blockwise: through these BF16 kernels (src/cuda/quant/fp8_block.cu).
   if (s.gemm.a.mx.data.rank > 0 && s.gemm.a.mx.format == QuantFormat::fp8_block)

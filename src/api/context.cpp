@@ -74,7 +74,7 @@ std::string build_options() {
 #if defined(MXMOE_WITH_CUDA)
   s += std::string(", cuda (archs ") + MXMOE_CUDA_ARCHS + ")";
 #else
-  s += ", cuda: not built";
+  s += ", cuda: not built (" MXMOE_NO_CUDA_WHY ")";
 #endif
 #if defined(NDEBUG)
   s += ", release";

@@ -6,44 +6,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "mxmoe/c_api.h"
-
-static int failures = 0;
-#define CHECK(cond, ...)                                                       \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      ++failures;                                                              \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                            \
-      fprintf(stderr, "\n");                                                   \
-    }                                                                          \
-  } while (0)
+#include "tests/c/c_test_support.h"
 
 static int has(const char* fragment) { return strstr(mxmoe_last_error(), fragment) != NULL; }
-
-static mxmoe_tensor tensor(void* data, int dtype, int rank, int64_t a, int64_t b, int64_t c) {
-  mxmoe_tensor t;
-  memset(&t, 0, sizeof t);
-  t.data = data;
-  t.dtype = dtype;
-  t.rank = rank;
-  t.shape[0] = a;
-  t.shape[1] = b;
-  t.shape[2] = c;
-  t.device_type = MXMOE_CPU;
-  return t;
-}
-
-static uint16_t bf16_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-static float urand(unsigned* s, float lo, float hi) {
-  *s = *s * 1664525u + 1013904223u;
-  return lo + (hi - lo) * (float)(*s >> 8) / 16777216.0f;
-}
 
 /* Returns nonzero when mxmoe_permuted_rows_bound refuses the arguments naming `arg` and `value`. */
 static int bound_refused(int64_t t, int64_t k, int64_t e, int64_t c, const char* arg, const char* value) {
@@ -71,9 +36,9 @@ static void forward_refused(int32_t dtype, int32_t x_index, const char* arg, con
   static int32_t offsets[E + 1] = {0, 3, T};
   int64_t p1[E], p2[E];
   unsigned seed = 11u;
-  for (int i = 0; i < T * H; ++i) x[i] = bf16_bits(urand(&seed, -1, 1));
-  for (int i = 0; i < E * 2 * F * H; ++i) w1[i] = bf16_bits(urand(&seed, -0.1f, 0.1f));
-  for (int i = 0; i < E * H * F; ++i) w2[i] = bf16_bits(urand(&seed, -0.1f, 0.1f));
+  for (int i = 0; i < T * H; ++i) x[i] = bf16(urand(&seed, -1, 1));
+  for (int i = 0; i < E * 2 * F * H; ++i) w1[i] = bf16(urand(&seed, -0.1f, 0.1f));
+  for (int i = 0; i < E * H * F; ++i) w2[i] = bf16(urand(&seed, -0.1f, 0.1f));
   for (int i = 0; i < T; ++i) probs[i] = urand(&seed, 0, 1);
   for (int e = 0; e < E; ++e) p1[e] = (int64_t)(intptr_t)&w1[e * 2 * F * H], p2[e] = (int64_t)(intptr_t)&w2[e * H * F];
   memset(y, 0x5A, sizeof y);

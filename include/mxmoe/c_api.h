@@ -249,7 +249,10 @@ typedef struct mxmoe_permute_by_map_args {
   int32_t zero_unused_rows;    /* appended: nonzero writes the rows no slot names as zeros; absent: 0 */
 } mxmoe_permute_by_map_args;
 
-/* Rows permuted_x needs at least: tokens * top_k, or min(tokens * top_k, experts * capacity). */
+/* Rows permuted_x needs at least: tokens * top_k, or min(tokens * top_k, experts * capacity). An
+ * argument out of the range mxmoe_permute_tokens accepts (tokens in [0, 2^31 - 1], top_k >= 1 with
+ * tokens * top_k <= 2^31 - 1, experts in [1, 2^20], capacity -1 or in [0, 2^31 - 1]) gives -1, and
+ * mxmoe_last_error() names it and its value. */
 MXMOE_API int64_t mxmoe_permuted_rows_bound(int64_t tokens, int64_t top_k, int64_t experts, int64_t capacity);
 MXMOE_API mxmoe_status mxmoe_permute_tokens(mxmoe_context ctx, const mxmoe_permute_args* args);
 MXMOE_API mxmoe_status mxmoe_unpermute_tokens(mxmoe_context ctx, const mxmoe_unpermute_args* args);

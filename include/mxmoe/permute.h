@@ -19,7 +19,6 @@
 // the CPU reference on host data, cuda_portable on any GPU from sm_80 (bit-identical to the CPU, no
 // host synchronisation, capturable in a CUDA graph; docs/kernels/permute.md).
 #pragma once
-#include <algorithm>
 #include <cstdint>
 
 #include "mxmoe/context.h"
@@ -28,11 +27,10 @@
 namespace mxmoe {
 
 // Rows permute_tokens can keep at most, the rows its permuted_x must have at least: T * K, or
-// min(T * K, E * C) with a capacity C >= 0. A buffer of T * K rows always suffices.
-inline int64_t permuted_rows_bound(int64_t tokens, int64_t top_k, int64_t experts, int64_t capacity) {
-  const int64_t all = tokens * top_k;
-  return capacity < 0 ? all : std::min(all, experts * capacity);
-}
+// min(T * K, E * C) with a capacity C >= 0. A buffer of T * K rows always suffices. The arguments
+// are checked as permute_tokens checks them (T in [0, 2^31 - 1], K >= 1 with T * K <= 2^31 - 1, E in
+// [1, kMaxExperts], C = -1 or in [0, 2^31 - 1]); one out of range throws mxmoe::Error naming it.
+MXMOE_API int64_t permuted_rows_bound(int64_t tokens, int64_t top_k, int64_t experts, int64_t capacity);
 
 // Rows are sorted by expert; within an expert by token, then slot. With a capacity C >= 0 each
 // expert keeps its first C rows in that order and drops the rest (row_map -1). An expert id outside

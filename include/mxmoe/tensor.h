@@ -32,7 +32,7 @@ struct TensorView {
   // that was never checked these wrap instead of overflowing (no undefined behaviour).
   int64_t numel() const {
     uint64_t n = 1;
-    for (int d = 0; d < rank; ++d) n *= static_cast<uint64_t>(shape[d]);
+    for (int d = 0; d < rank && d < static_cast<int>(shape.size()); ++d) n *= static_cast<uint64_t>(shape[d]);
     return static_cast<int64_t>(n);
   }
   int64_t bytes() const { return static_cast<int64_t>(static_cast<uint64_t>(numel()) * dtype_size(dtype)); }

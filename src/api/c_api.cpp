@@ -98,7 +98,8 @@ void check_struct(size_t got, size_t want, const char* name) {
 }
 
 void check_enum(int32_t v, int32_t max, const char* name) {
-  if (v < 0 || v > max) throw Error(name, "value " + std::to_string(v) + " is not a valid enumerator");
+  if (v < 0 || v > max)
+    throw Error(name, "value " + std::to_string(v) + " is not a valid enumerator (0.." + std::to_string(max) + ")");
 }
 
 TensorView view(const mxmoe_tensor& t, const char* name) {
@@ -119,6 +120,7 @@ ExpertMatrices experts(const mxmoe_experts& e, const char* name) {
   ExpertMatrices m;
   m.dense = view(e.dense, name);
   m.pointers = view(e.pointers, name);
+  if (m.pointers.data) check_enum(e.dtype, MXMOE_I64, (std::string(name) + ".dtype").c_str());
   m.dtype = m.pointers.data ? static_cast<DType>(e.dtype) : m.dense.dtype;
   return m;
 }
@@ -319,7 +321,9 @@ int64_t mxmoe_prepared_weights_bytes(mxmoe_prepared_weights prepared) {
 void mxmoe_prepared_weights_destroy(mxmoe_prepared_weights prepared) { delete prepared; }
 
 int64_t mxmoe_permuted_rows_bound(int64_t tokens, int64_t top_k, int64_t experts, int64_t capacity) {
-  return permuted_rows_bound(tokens, top_k, experts, capacity);
+  int64_t rows = -1;
+  guarded([&] { rows = permuted_rows_bound(tokens, top_k, experts, capacity); });
+  return rows;
 }
 
 mxmoe_status mxmoe_permute_tokens(mxmoe_context ctx, const mxmoe_permute_args* a) {

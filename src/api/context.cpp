@@ -2,6 +2,7 @@
 #include <sstream>
 
 #include "mxmoe/version.h"
+#include "src/api/validate.h"
 #include "src/dispatch/context_impl.h"
 #include "src/dispatch/backend.h"
 #if defined(MXMOE_WITH_CUDA)
@@ -33,6 +34,13 @@ Context::Context(Options options) : impl_(std::make_unique<detail::ContextImpl>(
   for (const std::string& d : options.deny)
     if (!detail::find_backend(d))
       throw Error("options.deny", "unknown backend '" + d + "' (known: " + detail::backend_names() + ")");
+  detail::check_scale_layout(options.scale_layout, "options.scale_layout");
+  // Half an allocator would allocate through the caller and free through nothing (or the reverse):
+  // refused, as the C ABI refuses it, rather than silently using library memory.
+  const Allocator& a = options.allocator;
+  if ((a.allocate == nullptr) != (a.release == nullptr))
+    throw Error("options.allocator", a.allocate ? "allocate is set but release is null (set both or neither)"
+                                                : "release is set but allocate is null (set both or neither)");
   impl_->options = std::move(options);
 }
 
@@ -66,7 +74,7 @@ std::string build_options() {
 #if defined(MXMOE_WITH_CUDA)
   s += std::string(", cuda (archs ") + MXMOE_CUDA_ARCHS + ")";
 #else
-  s += ", cuda: not built";
+  s += ", cuda: not built (" MXMOE_NO_CUDA_WHY ")";
 #endif
 #if defined(NDEBUG)
   s += ", release";

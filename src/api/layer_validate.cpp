@@ -33,6 +33,7 @@ void check_bias(bool wanted, const TensorView& b, const char* name, const char* 
 int64_t tokens_of(const TensorView& x, const char* name, int64_t cols) {
   if (x.data == nullptr && x.rank == 0)
     throw Error(name, "missing (no data pointer); expected [T, " + std::to_string(cols) + "]");
+  check_rank(x, name);
   if (x.rank != 2 || x.shape[1] != cols)
     throw Error(name, "shape " + shape_string(x) + " must be [T, " + std::to_string(cols) + "]");
   check_dim(x.shape[0], kMaxTokens, name, "T");
@@ -304,6 +305,8 @@ void validate_backward(SavedState& saved, const BackwardArgs& a, const StateBuff
   if (!saved.valid()) throw Error("saved", "empty SavedState (forward() did not produce it)");
   SavedImpl& s = saved.impl();
   if (s.consumed) throw Error("saved", "this SavedState was already consumed by backward()");
+  if (a.wgrad != WgradMode::now && a.wgrad != WgradMode::deferred)
+    throw Error("wgrad", "wgrad=" + std::to_string(static_cast<int>(a.wgrad)) + " is not one of now, deferred");
   const Problem& p = s.problem;
   const CallDevice d{s.device, "the forward's data (saved)"};
   const int64_t T = s.tokens, H = p.hidden;

@@ -29,6 +29,7 @@ std::pair<int64_t, int64_t> dims2(const TensorView& t, const std::string& name, 
                                   int64_t max_cols) {
   if (t.data == nullptr && t.rank == 0)
     throw Error(name, std::string("missing (no data pointer); expected ") + dtype_name(dtype) + " " + what);
+  detail::check_rank(t, name);
   if (t.rank != 2) throw Error(name, "shape " + detail::shape_string(t) + " must be " + what);
   detail::check_dim(t.shape[0], kMaxTokens, name, "rows");
   detail::check_dim(t.shape[1], max_cols, name, "columns");
@@ -118,17 +119,32 @@ int64_t check_permute_outputs(const PermuteArgs& a, int64_t H, int64_t bound, co
   return R;
 }
 
+void check_experts_and_capacity(int64_t experts, int64_t capacity) {
+  if (experts < 1 || experts > kMaxExperts)
+    throw Error("experts", "E=" + str(experts) + " must be in [1, " + str(kMaxExperts) + "]");
+  if (capacity < -1 || capacity > kMaxTokens)
+    throw Error("capacity", "C=" + str(capacity) + " must be -1 (keep every row) or in [0, " + str(kMaxTokens) + "]");
+}
+
 }  // namespace
+
+int64_t permuted_rows_bound(int64_t tokens, int64_t top_k, int64_t experts, int64_t capacity) {
+  if (tokens < 0 || tokens > kMaxTokens)
+    throw Error("tokens", "T=" + str(tokens) + " must be in [0, " + str(kMaxTokens) + "]");
+  if (top_k < 1 || top_k > kMaxTokens) throw Error("top_k", "K=" + str(top_k) + " must be in [1, " + str(kMaxTokens) + "]");
+  if (tokens * top_k > kMaxTokens)  // both <= 2^31 - 1: no overflow
+    throw Error("top_k", "T*K=" + str(tokens * top_k) + " slots exceed " + str(kMaxTokens) + " (rows are int32 indices)");
+  check_experts_and_capacity(experts, capacity);
+  const int64_t all = tokens * top_k;
+  return capacity < 0 ? all : std::min(all, experts * capacity);
+}
 
 void permute_tokens(Context& ctx, const PermuteArgs& a) {
   const CallDevice d{a.x.device, "x"};
   const auto [T, H] = dims2(a.x, "x", DType::bf16, "[T, H]", kMaxColumns);
   check_tensor(a.x, "x", DType::bf16, {T, H}, d);
   const int64_t K = check_row_map_shape(a.expert_ids, "expert_ids", T, "x", d, /*ids64=*/true);
-  if (a.experts < 1 || a.experts > kMaxExperts)
-    throw Error("experts", "E=" + str(a.experts) + " must be in [1, " + str(kMaxExperts) + "]");
-  if (a.capacity < -1 || a.capacity > kMaxTokens)
-    throw Error("capacity", "C=" + str(a.capacity) + " must be -1 (keep every row) or in [0, " + str(kMaxTokens) + "]");
+  check_experts_and_capacity(a.experts, a.capacity);
   const int64_t E = a.experts;
   check_tensor(a.offsets, "offsets", DType::i32, {E + 1}, d);
   const int64_t R = check_permute_outputs(a, H, permuted_rows_bound(T, K, E, a.capacity), d);

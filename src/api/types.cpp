@@ -32,8 +32,14 @@ const char* dtype_name(DType t) {
   return "?";
 }
 
+// A CPU device is "cpu" at index 0 (what the library writes); any other index is named, so two CPU
+// views that differ only in index are told apart in a message.
 std::string device_name(Device d) {
-  return d.type == DeviceType::cpu ? std::string("cpu") : "cuda:" + std::to_string(d.index);
+  switch (d.type) {
+    case DeviceType::cpu: return d.index == 0 ? std::string("cpu") : "cpu:" + std::to_string(d.index);
+    case DeviceType::cuda: return "cuda:" + std::to_string(d.index);
+  }
+  return "device type " + std::to_string(static_cast<int>(d.type)) + ":" + std::to_string(d.index);
 }
 
 const char* to_string(Activation a) { return a == Activation::swiglu ? "swiglu" : "clamped_swiglu"; }
@@ -70,6 +76,15 @@ void validate_problem(const Problem& p) {
   if (p.recipe != Recipe::bf16 && p.recipe != Recipe::mxfp8 && p.recipe != Recipe::fp8_blockwise)
     throw Error("problem.recipe", "recipe=" + std::to_string(static_cast<int>(p.recipe)) +
                                       " is not one of bf16, mxfp8, fp8_blockwise");
+  if (p.activation != Activation::swiglu && p.activation != Activation::clamped_swiglu)
+    throw Error("problem.activation", "activation=" + std::to_string(static_cast<int>(p.activation)) +
+                                          " is not one of swiglu, clamped_swiglu");
+  if (p.glu_layout != GluLayout::halves && p.glu_layout != GluLayout::interleave32)
+    throw Error("problem.glu_layout", "glu_layout=" + std::to_string(static_cast<int>(p.glu_layout)) +
+                                          " is not one of halves, interleave32");
+  if (p.weight_layout != WeightLayout::dense && p.weight_layout != WeightLayout::per_expert)
+    throw Error("problem.weight_layout", "weight_layout=" + std::to_string(static_cast<int>(p.weight_layout)) +
+                                             " is not one of dense, per_expert");
   if (p.pow2_scales && p.recipe != Recipe::fp8_blockwise)
     throw Error("problem.pow2_scales", std::string("pow2_scales=true applies to the fp8_blockwise recipe only, not ") +
                                            to_string(p.recipe));

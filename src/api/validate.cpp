@@ -8,9 +8,39 @@
 namespace mxmoe::detail {
 
 std::string shape_string(const TensorView& t) {
+  if (t.rank < 0 || t.rank > kMaxRank) return "(rank " + std::to_string(t.rank) + ")";  // shape[] holds 3
   std::string s = "[";
   for (int d = 0; d < t.rank; ++d) s += (d ? ", " : "") + std::to_string(t.shape[d]);
   return s + "]";
+}
+
+void check_rank(const TensorView& t, const std::string& name) {
+  if (t.rank < 0 || t.rank > kMaxRank)
+    throw Error(name, "rank " + std::to_string(t.rank) + " must be in [1, " + std::to_string(kMaxRank) +
+                          "] (a TensorView holds at most " + std::to_string(kMaxRank) + " dimensions)");
+}
+
+std::string dtype_text(DType t) {
+  const std::string name = dtype_name(t);
+  return name != "?" ? name : std::to_string(static_cast<int>(t));
+}
+
+namespace {
+template <class Enum>
+void check_enum_value(Enum v, int count, const std::string& name, const char* field, const char* names) {
+  if (static_cast<int>(v) >= count)
+    throw Error(name, std::string(field) + "=" + std::to_string(static_cast<int>(v)) + " is not one of " + names);
+}
+}  // namespace
+
+void check_scale_layout(ScaleLayout layout, const std::string& name) {
+  check_enum_value(layout, 2, name, "scale_layout", "compact, swizzled");
+}
+
+void check_quantized_view_enums(const Mxfp8View& v, const std::string& name) {
+  check_enum_value(v.format, 2, name + ".format", "format", "mxfp8, fp8_block");
+  check_enum_value(v.axis, 2, name + ".axis", "axis", "row, col");
+  check_enum_value(v.layout, 2, name + ".layout", "layout", "compact, swizzled");
 }
 
 namespace {
@@ -52,8 +82,9 @@ void check_tensor_dtypes(const TensorView& t, const std::string& name, std::init
   if (missing(t))
     throw Error(name, "missing (no data pointer); expected " + dtype_list(dtypes) + " " + list_shape(shape) + " on " +
                           device_name(device.device));
+  check_rank(t, name);
   if (std::find(dtypes.begin(), dtypes.end(), t.dtype) == dtypes.end())
-    throw Error(name, std::string("dtype ") + dtype_name(t.dtype) + " is not " + dtype_list(dtypes));
+    throw Error(name, "dtype " + dtype_text(t.dtype) + " is not " + dtype_list(dtypes));
   bool same = t.rank == static_cast<int>(shape.size());
   int d = 0;
   for (int64_t v : shape) same = same && t.shape[d++] == v;
@@ -94,7 +125,7 @@ void check_experts(const ExpertMatrices& m, const std::string& name, std::initia
   }
   check_tensor(m.pointers, name + ".pointers", DType::i64, {experts}, device);
   if (std::find(dtypes.begin(), dtypes.end(), m.dtype) == dtypes.end())
-    throw Error(name + ".dtype", std::string("dtype ") + dtype_name(m.dtype) + " is not accepted here");
+    throw Error(name + ".dtype", "dtype " + dtype_text(m.dtype) + " is not " + dtype_list(dtypes));
   if (device.device.type != DeviceType::cpu) return;  // device tables are read on the device only
   const int64_t* p = m.pointers.ptr<const int64_t>();
   const int64_t per = checked_mul({rows, cols, static_cast<int64_t>(dtype_size(m.dtype))}, name);
@@ -104,6 +135,7 @@ void check_experts(const ExpertMatrices& m, const std::string& name, std::initia
 
 void check_mxfp8(const Mxfp8View& v, const std::string& name, int64_t rows, int64_t cols, BlockAxis axis,
                  int64_t scale_bytes, const CallDevice& device) {
+  check_quantized_view_enums(v, name);
   if (v.format != QuantFormat::mxfp8)
     throw Error(name + ".format", "is fp8_block; an MXFP8 view (format mxfp8, e8m0 scales) is expected here");
   check_tensor(v.data, name + ".data", DType::e4m3, {rows, cols}, device);
@@ -112,7 +144,7 @@ void check_mxfp8(const Mxfp8View& v, const std::string& name, int64_t rows, int6
   if (missing(v.scales))
     throw Error(name + ".scales", "missing (no data pointer); expected e8m0 of " + std::to_string(scale_bytes) +
                                       " bytes on " + device_name(device.device));
-  if (v.scales.dtype != DType::e8m0) throw Error(name + ".scales", std::string("dtype ") + dtype_name(v.scales.dtype) + " is not e8m0");
+  if (v.scales.dtype != DType::e8m0) throw Error(name + ".scales", "dtype " + dtype_text(v.scales.dtype) + " is not e8m0");
   const int64_t have = checked_numel(v.scales, name + ".scales");
   if (have < scale_bytes)
     throw Error(name + ".scales", "holds " + std::to_string(have) + " bytes, needs " + std::to_string(scale_bytes));
@@ -122,6 +154,7 @@ void check_mxfp8(const Mxfp8View& v, const std::string& name, int64_t rows, int6
 
 void check_fp8_block(const Mxfp8View& v, const std::string& name, int64_t rows, int64_t cols, BlockAxis axis,
                      int64_t scale_count, const CallDevice& device) {
+  check_quantized_view_enums(v, name);
   if (v.format != QuantFormat::fp8_block)
     throw Error(name + ".format", "is mxfp8; an FP8-blockwise view (format fp8_block, f32 scales) is expected here");
   check_tensor(v.data, name + ".data", DType::e4m3, {rows, cols}, device);
@@ -131,7 +164,7 @@ void check_fp8_block(const Mxfp8View& v, const std::string& name, int64_t rows, 
     throw Error(name + ".scales", "missing (no data pointer); expected f32 of " + std::to_string(scale_count) +
                                       " values on " + device_name(device.device));
   if (v.scales.dtype != DType::f32)
-    throw Error(name + ".scales", std::string("dtype ") + dtype_name(v.scales.dtype) + " is not f32");
+    throw Error(name + ".scales", "dtype " + dtype_text(v.scales.dtype) + " is not f32");
   const int64_t have = checked_numel(v.scales, name + ".scales");
   if (have < scale_count)
     throw Error(name + ".scales", "holds " + std::to_string(have) + " values, needs " + std::to_string(scale_count));

@@ -13,7 +13,17 @@ namespace mxmoe::detail {
 
 inline constexpr int64_t kDeviceAlignBytes = 16;  // vector loads / cp.async need 16-byte alignment
 
+inline constexpr int kMaxRank = 3;  // TensorView::shape holds 3 dimensions
+
+// "[d0, d1]"; a rank outside [0, 3] prints as "(rank N)" without reading past the shape array.
 std::string shape_string(const TensorView& t);
+// A rank in [0, 3] (0: absent): anything else is an Error naming the argument and the rank.
+void check_rank(const TensorView& t, const std::string& name);
+// A dtype's name, or its number when it is no DType ("99").
+std::string dtype_text(DType t);
+// Enum fields a caller may have filled with any byte: refused naming the field and its value.
+void check_scale_layout(ScaleLayout layout, const std::string& name);
+void check_quantized_view_enums(const Mxfp8View& v, const std::string& name);
 
 // The device every tensor of a call must be on, and the argument it was taken from: a mismatch is
 // reported as "probs: is on cpu but x is on cuda:0", naming both tensors and both devices.

@@ -38,6 +38,9 @@ inline void check_dim(int64_t v, int64_t max, const std::string& name, const cha
 
 // Element count and byte size of a caller's view: every dimension >= 0, no overflow.
 inline int64_t checked_numel(const TensorView& t, const std::string& name) {
+  if (t.rank < 0 || t.rank > static_cast<int>(t.shape.size()))
+    throw Error(name, "rank " + std::to_string(t.rank) + " must be in [1, " + std::to_string(t.shape.size()) +
+                          "] (a TensorView holds at most " + std::to_string(t.shape.size()) + " dimensions)");
   int64_t n = 1;
   for (int d = 0; d < t.rank; ++d) {
     if (t.shape[d] < 0)

@@ -15,7 +15,7 @@ inline constexpr int kFp8Block = 128;  // values (or rows x columns) sharing one
 // The quantization multiplier of a block whose amax (NaN skipped, amax_update) is `amax`: the
 // rule of TransformerEngine's compute_scale_from_amax with epsilon 0. s = 448 / amax, one IEEE
 // division rounded to nearest; amax 0 or +Inf gives 1 (an all-zero block, or one holding an Inf,
-// which then saturates to +-448); a quotient that overflows (amax below 448 / FLT_MAX) gives
+// which fp8_block_encode stores as NaN); a quotient that overflows (amax below 448 / FLT_MAX) gives
 // FLT_MAX. pow2: s's mantissa cleared, i.e. rounded down to a power of two, so that scaling and
 // its inverse are exact.
 MXMOE_HD float fp8_block_scale(float amax, bool pow2) {
@@ -31,12 +31,16 @@ MXMOE_HD float fp8_block_scale(float amax, bool pow2) {
 // for pow2 scales).
 MXMOE_HD float fp8_block_scale_inv(float s) { return 1.0f / s; }
 
-// One value: q = E4M3(fp32(x * s)) (round to nearest even, saturating at +-448, NaN stays NaN
-// with its sign); decoded, fp32(e4m3(q) * s_inv). A NaN bypasses the multiply: x86 keeps a NaN
-// operand's sign through it, a GPU returns the canonical +NaN, and the bytes must not depend on
-// which machine quantized.
+// One value: q = E4M3(fp32(x * s)) (round to nearest even, saturating finite values at +-448);
+// decoded, fp32(e4m3(q) * s_inv). Non-finite values stay non-finite (docs/numerics.md "Non-finite
+// values"): NaN stays NaN with its sign, and +-Inf, which E4M3 cannot hold, becomes NaN with its
+// sign rather than a finite +-448 (an overflow is never hidden). Both bypass the multiply: x86 keeps
+// a NaN operand's sign through it, a GPU returns the canonical +NaN, and the bytes must not depend
+// on which machine quantized.
 MXMOE_HD uint8_t fp8_block_encode(float x, float s) {
-  return (f32_bits(x) & 0x7fffffffu) > 0x7f800000u ? e4m3_from_f32(x) : e4m3_from_f32(x * s);
+  const uint32_t u = f32_bits(x);
+  if ((u & 0x7fffffffu) >= 0x7f800000u) return static_cast<uint8_t>(((u >> 24) & 0x80u) | kE4m3NaN);
+  return e4m3_from_f32(x * s);
 }
 MXMOE_HD float fp8_block_decode(uint8_t q, float s_inv) {
   return (q & 0x7fu) == 0x7fu ? e4m3_to_f32(q) : e4m3_to_f32(q) * s_inv;

@@ -12,7 +12,9 @@ class UnbuiltBackend final : public RefusingBackend {
  public:
   explicit UnbuiltBackend(const char* name) : RefusingBackend("mxmoe was built without CUDA"), name_(name) {}
   const char* name() const override { return name_; }
-  Probe probe_device(const DeviceFacts&) const override { return {false, "mxmoe was built without CUDA"}; }
+  Probe probe_device(const DeviceFacts&) const override {
+    return {false, "mxmoe was built without CUDA (" MXMOE_NO_CUDA_WHY ")"};
+  }
 
  private:
   const char* name_;

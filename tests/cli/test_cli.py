@@ -134,6 +134,7 @@ def case_output_paths():
         j = os.path.join(tmp, "r.json")
         with open(j, "w") as f:
             f.write("x" * 100000)
+        os.mkdir(os.path.join(tmp, "dump"))
         d = os.path.join(tmp, "dump", "nested")
         expect(small + ["--json", j, "--dump", d], 0, "--json FILE --dump DIR (created) written")
         try:
@@ -153,6 +154,138 @@ def case_output_paths():
         check(ok, "--dump wrote problem.json and every .npy complete")
         check(not leftovers(tmp) and not leftovers(d), "no temporary files left behind",
               str(leftovers(tmp) + leftovers(d)))
+
+
+def run_limited(args, file_size_limit):
+    """(exit status, stdout, stderr) of `mxmoe ARGS` where no file may grow beyond file_size_limit
+    bytes: a write past it fails with EFBIG (SIGXFSZ ignored), as on a full disk."""
+    import resource
+    import signal
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
+
+    p = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=120, preexec_fn=limit)
+    return p.returncode, p.stdout, p.stderr
+
+
+def case_edge_paths():
+    """Output paths at their edges (issue 39 D6-D9): empty paths, --json inside or equal to --dump,
+    missing parent folders (refused for both flags), a dump that fails part way (nothing left)."""
+    small = ["run", "--backend", "cpu", "--tokens", "16"]
+    with tempfile.TemporaryDirectory() as tmp:
+        # D6: an empty path is a usage error, not an ignored flag.
+        expect(small + ["--json", ""], 2, "--json '' refused", stderr_has=("--json",), stdout_lacks=("result",))
+        expect(small + ["--dump", ""], 2, "--dump '' refused", stderr_has=("--dump",), stdout_lacks=("result",))
+        # D7: one path for both, or the report inside the dump: refused before the run, nothing made.
+        same = os.path.join(tmp, "same")
+        expect(small + ["--dump", same, "--json", same], 2, "--dump and --json on one path refused before the run",
+               stderr_has=("--json", same), stdout_lacks=("result",))
+        inside = os.path.join(tmp, "d", "report.json")
+        expect(small + ["--dump", os.path.join(tmp, "d"), "--json", inside], 2,
+               "--json inside the --dump directory refused before the run", stderr_has=("--json", inside),
+               stdout_lacks=("result",))
+        check(os.listdir(tmp) == [], "nothing created by the refused runs", str(os.listdir(tmp)))
+        # D8: a missing parent folder is refused for both flags and created for neither.
+        for flag, path in (("--json", os.path.join(tmp, "no", "dir", "x.json")),
+                           ("--dump", os.path.join(tmp, "no", "a", "b"))):
+            expect(small + [flag, path], 2, "%s in a missing folder refused" % flag,
+                   stderr_has=(flag, path, "does not exist"), stdout_lacks=("result",))
+        check(not os.path.exists(os.path.join(tmp, "no")), "no folder created for a refused path")
+        expect(["run", "--help"], 0, "run --help states the rule", stdout_has=("must exist",))
+        # D9: a dump that fails part way (a file-size limit, as a full disk) leaves nothing behind; an
+        # earlier dump in the same place is kept whole.
+        d = os.path.join(tmp, "dump")
+        rc, out, err = run_limited(small + ["--dump", d], 4096)
+        check(rc == 3 and "--dump" in err, "a failed dump exits 3 naming --dump", "exit %d\nstderr: %s" % (rc, err[-800:]))
+        check(not os.path.exists(d) and not leftovers(tmp), "a failed dump leaves nothing",
+              str(os.listdir(tmp)))
+        expect(small + ["--dump", d], 0, "a dump into a fresh directory")
+        before = sorted(os.listdir(d))
+        rc, out, err = run_limited(small + ["--seed", "2", "--dump", d], 4096)
+        check(rc == 3, "the second dump fails", err[-800:])
+        check(sorted(os.listdir(d)) == before and json.load(open(os.path.join(d, "problem.json")))["seed"] == 1 and
+              not leftovers(tmp), "the earlier dump is kept whole", str(os.listdir(tmp)))
+        expect(small + ["--seed", "3", "--dump", d], 0, "a dump replaces an earlier dump")
+        check(json.load(open(os.path.join(d, "problem.json")))["seed"] == 3 and sorted(os.listdir(d)) == before and
+              not leftovers(tmp), "the replaced dump is the new one, nothing else left", str(os.listdir(tmp)))
+        # A folder holding anything but a dump is never replaced.
+        other = os.path.join(tmp, "mine")
+        os.mkdir(other)
+        open(os.path.join(other, "notes.txt"), "w").close()
+        expect(small + ["--dump", other], 2, "--dump into a folder with other files refused",
+               stderr_has=("--dump", other, "notes.txt"), stdout_lacks=("result",))
+        check(os.listdir(other) == ["notes.txt"], "the other folder is untouched")
+
+
+def run_on_terminal(args, timeout=120):
+    """Everything `mxmoe ARGS` writes to a pseudo-terminal (stdout and stderr both)."""
+    import pty
+    import select
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execv(BIN, [BIN, *args])
+    chunks, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if select.select([fd], [], [], 1)[0]:
+            try:
+                data = os.read(fd, 4096)
+            except OSError:
+                break
+            if not data:
+                break
+            chunks.append(data)
+    os.waitpid(pid, 0)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def case_new_user():
+    """What confused a new user (issue 39): the reason CUDA is absent, the problem as given, the
+    clamped note on the CPU, memory refusals that suggest what fits, progress on a terminal only,
+    one exit status for a bad backend name whichever way it is given."""
+    import re
+    rc, out, err, _ = run("info")
+    build = [l for l in out.splitlines() if l.startswith("build:")]
+    m = re.search(r"cuda: not built \(([^)]*)\)", build[0]) if build else None
+    if "cuda: not built" in out:
+        check(m is not None, "info's build line says why CUDA is not built", out[-600:])
+        if m:
+            cuda_lines = [l for l in out.splitlines() if l.strip().startswith("cuda_")]
+            check(cuda_lines and all(m.group(1) in l for l in cuda_lines),
+                  "every CUDA backend gives the build's reason (%s)" % m.group(1), "\n".join(cuda_lines))
+    # The problem as given: flags named as given, the preset only for what it filled in.
+    expect(["run", "--backend", "cpu", "--hidden", "128", "--tokens", "8"], 0, "--hidden alone",
+           stdout_has=("given: H=128 T=8; from preset small (the default): F=256 E=8",))
+    rc, out, err, _ = expect(["run", "--backend", "cpu", "--hidden", "64", "--ffn", "64", "--experts", "2",
+                              "--tokens", "8", "--activation", "swiglu", "--glu-layout", "halves"], 0,
+                             "every size given", stdout_has=("given: H=64 F=64 E=2 T=8 activation=swiglu glu=halves",))
+    check("preset" not in out.split("  tokens")[0], "no preset named when none was used", out[:400])
+    expect(["run", "--backend", "cpu", "--tokens", "8", "--activation", "clamped_swiglu"], 0,
+           "clamped SwiGLU on the CPU", stdout_lacks=("the same-points check is authoritative",),
+           stdout_has=("here the loose fp64 bound is the only check",))
+    # Refusals suggest what fits, from the estimate's own terms.
+    rc, out, err, _ = expect(["run", "--backend", "cpu", "--tokens", "2000000000"], 3,
+                             "too many tokens: refused with a --tokens that fits", stderr_has=("(or fewer) fits",))
+    fit = re.search(r"--tokens (\d+) \(or fewer\) fits", err)
+    check(fit is not None and 0 < int(fit.group(1)) < 2000000000 and "--check-rows" not in err,
+          "the suggestion is a smaller --tokens, not --check-rows", err[-400:])
+    rc, out, err, _ = expect(["run", "--backend", "cpu", "--preset", "dsv3", "--experts", "65536", "--tokens", "10"],
+                             3, "too many experts: refused with an --experts that fits", stderr_has=("--experts ",))
+    check(re.search(r"--experts \d+ (--tokens 1 )?\(or fewer\) fits", err) is not None, "names a number of experts",
+          err[-400:])
+    # Progress: quiet in a pipe; on a terminal each phase, with a time estimate on a longer run.
+    rc, out, err, _ = run("run", "--backend", "cpu", "--tokens", "8")
+    check(rc == 0 and "mxmoe:" not in err, "no progress lines when stderr is not a terminal", err[-400:])
+    text = run_on_terminal(["run", "--backend", "cpu", "--tokens", "256"])
+    check("mxmoe: fp64 reference" in text and re.search(r"about \d+(\.\d)? s left", text) is not None and
+          "result    PASS" in text, "on a terminal: phases with the time left", text[-1500:])
+    # One exit status for an unknown backend, flag or environment.
+    for env in ({"MXMOE_BACKEND": "bogus"}, {"MXMOE_DENY": "cpu,bogus"}):
+        p = subprocess.run([BIN, "run", "--tokens", "8"], capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, **env))
+        check(p.returncode == 2 and "bogus" in p.stderr and list(env)[0] in p.stderr,
+              "%s: exit 2 naming the variable" % list(env)[0], "exit %d: %s" % (p.returncode, p.stderr[-300:]))
 
 
 def case_memory_and_bounds():
@@ -296,6 +429,8 @@ CASES = {
     "small_tokens": case_small_tokens,
     "fp8_blockwise": case_fp8_blockwise,
     "output_paths": case_output_paths,
+    "edge_paths": case_edge_paths,
+    "new_user": case_new_user,
     "memory_and_bounds": case_memory_and_bounds,
     "usage": case_usage,
     "json_fields": case_json_fields,

@@ -229,12 +229,15 @@ TEST(Fp8Block, DequantizeRoundTripsWithinTheE4m3Bound) {
 
 // ---------------- NaN and Inf ----------------
 
-TEST(Fp8Block, NanStaysInItsSlotAndInfSaturates) {
+// docs/numerics.md "Non-finite values": E4M3 has no Inf, so an Inf is stored as NaN with its sign,
+// never as a finite +-448 that would hide the overflow.
+TEST(Fp8Block, NanStaysInItsSlotAndInfBecomesNan) {
   std::vector<uint16_t> x(256);
   for (int i = 0; i < 256; ++i) x[i] = bf16_from_f32(0.01f * static_cast<float>(i % 17 - 8));
   x[3] = 0x7fc0;    // NaN in block 0: skipped by the amax
   x[5] = 0xffc0;    // -NaN: keeps its sign (the bytes do not depend on the machine's NaN rules)
   x[200] = 0x7f80;  // +Inf in block 1: amax Inf, scale 1
+  x[210] = 0xff80;  // -Inf
   std::vector<uint8_t> q(256);
   std::vector<float> s(fp8_rowwise_scale_count(1, 256));
   cpu::fp8_quantize_rows(x.data(), 1, 256, false, q.data(), s.data());
@@ -244,7 +247,9 @@ TEST(Fp8Block, NanStaysInItsSlotAndInfSaturates) {
   const float amax0 = f32_from_bf16(bf16_from_f32(0.08f));
   EXPECT_EQ(s[0], 1.0f / (448.0f / amax0));                 // amax of the finite values
   EXPECT_EQ(s[fp8_rowwise_scale_index(0, 1, 1)], 1.0f);     // Inf: scale 1
-  EXPECT_EQ(q[200], 0x7e);                                  // +Inf -> +448
+  EXPECT_EQ(q[200], 0x7f);                                  // +Inf -> +NaN, not +448
+  EXPECT_EQ(q[210], 0xff);                                  // -Inf -> -NaN
+  EXPECT_TRUE(std::isnan(fp8_block_decode(q[200], s[fp8_rowwise_scale_index(0, 1, 1)])));
   EXPECT_EQ(q[201], e4m3_from_f32(f32_from_bf16(x[201])));  // finite values of that block at scale 1
 }
 

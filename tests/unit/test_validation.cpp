@@ -268,5 +268,132 @@ TEST(Validation, GroupedGemmRejectsMixedRecipesAndBadOffsets) {
   EXPECT_THROW(grouped_gemm_m(ctx, g), Error);
 }
 
+// ---- the edges a new user probed (issue 39: D1-D5, D10) ----
+
+// Runs `call`, expects an Error naming `argument` whose message contains every fragment.
+void expect_error(const std::function<void()>& call, const std::string& argument,
+                  std::initializer_list<std::string> fragments) {
+  try {
+    call();
+    ADD_FAILURE() << "no error for " << argument;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), argument) << e.what();
+    for (const std::string& f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
+  }
+}
+
+TEST(EdgeInputs, PermutedRowsBoundRefusesOutOfRangeArguments) {
+  const int64_t huge = int64_t{1} << 62;
+  expect_error([&] { permuted_rows_bound(huge, 4, 1, -1); }, "tokens", {"T=" + std::to_string(huge)});
+  expect_error([&] { permuted_rows_bound(10, 1, huge, 4); }, "experts", {"E=" + std::to_string(huge)});
+  expect_error([] { permuted_rows_bound(-5, 2, 3, -1); }, "tokens", {"T=-5"});
+  expect_error([] { permuted_rows_bound(6, 2, 3, -7); }, "capacity", {"C=-7"});
+  expect_error([] { permuted_rows_bound(6, 0, 3, -1); }, "top_k", {"K=0"});
+  expect_error([] { permuted_rows_bound(int64_t{1} << 30, 4, 3, -1); }, "top_k", {"T*K=4294967296"});
+  // In range: T * K, or min(T * K, E * C).
+  EXPECT_EQ(permuted_rows_bound(6, 2, 3, -1), 12);
+  EXPECT_EQ(permuted_rows_bound(6, 2, 3, 1), 3);
+  EXPECT_EQ(permuted_rows_bound(6, 2, 3, 0), 0);
+  EXPECT_EQ(permuted_rows_bound(0, 5, 1, -1), 0);
+}
+
+TEST(EdgeInputs, CpuDeviceIndexMismatchNamesBothIndices) {
+  for (int index : {3, -1, 5})
+    expect_forward_error([&](Fixture& f) { f.fa.x.device = Device{DeviceType::cpu, index}; }, "x",
+                         "x: is on cpu:" + std::to_string(index) + " but offsets is on cpu (");
+}
+
+TEST(EdgeInputs, UnknownDtypeAndDeviceTypeAreNamedWithTheirValue) {
+  expect_forward_error([](Fixture& f) { f.fa.x.dtype = static_cast<DType>(99); }, "x", "dtype 99 ");
+  expect_forward_error([](Fixture& f) { f.fa.x.device.type = static_cast<DeviceType>(7); }, "x", "device type 7");
+}
+
+TEST(EdgeInputs, PerExpertDtypeOutOfRangeIsNamedWithItsValue) {
+  expect_forward_error(
+      [](Fixture& f) {
+        f.p.weight_layout = WeightLayout::per_expert;
+        f.fa.w1 = f.m.experts(f.fa.w1.dense, true);
+        f.fa.w2 = f.m.experts(f.fa.w2.dense, true);
+        f.fa.w1.dtype = static_cast<DType>(99);
+      },
+      "w1.dtype", "dtype 99 ");
+}
+
+TEST(EdgeInputs, ProblemEnumsOutOfRangeAreRefused) {
+  expect_forward_error([](Fixture& f) { f.p.activation = static_cast<Activation>(9); }, "problem.activation",
+                       "activation=9 is not one of swiglu, clamped_swiglu");
+  expect_forward_error([](Fixture& f) { f.p.glu_layout = static_cast<GluLayout>(5); }, "problem.glu_layout",
+                       "glu_layout=5 is not one of halves, interleave32");
+  expect_forward_error([](Fixture& f) { f.p.weight_layout = static_cast<WeightLayout>(4); }, "problem.weight_layout",
+                       "weight_layout=4 is not one of dense, per_expert");
+}
+
+TEST(EdgeInputs, OptionsScaleLayoutOutOfRangeIsRefused) {
+  expect_error([] { Context ctx({.backend = "cpu", .scale_layout = static_cast<ScaleLayout>(9)}); },
+               "options.scale_layout", {"scale_layout=9"});
+}
+
+TEST(EdgeInputs, QuantizedViewEnumsOutOfRangeAreRefused) {
+  Context ctx({.backend = "cpu"});
+  HostTensor src = random_bf16({40, 64}, -3.f, 3.f);
+  HostTensor q(DType::e4m3, {40, 64}), s(DType::e8m0, {rowwise_scale_bytes(40, 64)});
+  q.poison();
+  const HostTensor q_before = q;
+  QuantizeArgs a;
+  a.src = src.view;
+  a.rowwise = {q.view, s.view, BlockAxis::row, static_cast<ScaleLayout>(9)};
+  expect_error([&] { quantize_mxfp8(ctx, a); }, "rowwise.layout", {"layout=9"});
+  a.rowwise.layout = ScaleLayout::compact;
+  a.rowwise.format = static_cast<QuantFormat>(6);
+  expect_error([&] { quantize_mxfp8(ctx, a); }, "rowwise.format", {"format=6"});
+  a.rowwise.format = QuantFormat::mxfp8;
+  a.rowwise.axis = static_cast<BlockAxis>(3);
+  expect_error([&] { quantize_mxfp8(ctx, a); }, "rowwise.axis", {"axis=3"});
+  EXPECT_TRUE(bytes_equal(q.view, q_before.view));
+}
+
+TEST(EdgeInputs, WgradModeOutOfRangeIsRefusedAndTheStateKept) {
+  Fixture f;
+  Context ctx({.backend = "cpu"});
+  SavedState saved = forward(ctx, f.p, f.fa);
+  BackwardArgs ba = f.backward_args();
+  ba.grads.dw1 = f.m.experts(f.m.poisoned(DType::f32, {3, 64, 64}), false);
+  ba.grads.dw2 = f.m.experts(f.m.poisoned(DType::f32, {3, 64, 32}), false);
+  const HostTensor dx_before = f.m.get(ba.dx);
+  ba.wgrad = static_cast<WgradMode>(7);
+  expect_error([&] { backward(ctx, saved, ba); }, "wgrad", {"wgrad=7 is not one of now, deferred"});
+  EXPECT_TRUE(bytes_equal(f.m.get(ba.dx).view, dx_before.view));
+  ba.wgrad = WgradMode::now;  // the saved state was not consumed by the refused call
+  EXPECT_FALSE(backward(ctx, saved, ba).pending());
+}
+
+TEST(EdgeInputs, RankBeyondThreeIsRefusedWithoutReadingPastTheShape) {
+  for (int rank : {4, -1}) {
+    Fixture f;
+    f.fa.x.rank = rank;
+    Context ctx({.backend = "cpu"});
+    try {
+      forward(ctx, f.p, f.fa);
+      ADD_FAILURE() << "no error for rank " << rank;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "x");
+      EXPECT_EQ(std::string(e.what()),
+                "x: rank " + std::to_string(rank) + " must be in [1, 3] (a TensorView holds at most 3 dimensions)");
+    }
+    EXPECT_TRUE(f.y_untouched());
+  }
+}
+
+TEST(EdgeInputs, HalfSetAllocatorIsRefused) {
+  auto alloc = [](int64_t, Device, void*, void*) -> void* { return nullptr; };
+  auto release = [](void*, int64_t, Device, void*, void*) {};
+  Options o{.backend = "cpu"};
+  o.allocator.allocate = alloc;
+  expect_error([&] { Context ctx(o); }, "options.allocator", {"allocate is set but release is null"});
+  o.allocator = {};
+  o.allocator.release = release;
+  expect_error([&] { Context ctx(o); }, "options.allocator", {"release is set but allocate is null"});
+}
+
 }  // namespace
 }  // namespace mxmoe::test

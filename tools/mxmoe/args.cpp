@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <map>
+#include <sstream>
 
 #include "src/api/tooling.h"
 #include "tools/mxmoe/cli.h"
@@ -105,8 +106,11 @@ void add_seed(CLI::App* app, CliOptions& o) {
       ->type_name("N");
 }
 
+// An empty value is refused, not taken as "not given".
+std::string non_empty(const std::string& v) { return v.empty() ? "needs a path, got ''" : ""; }
+
 void add_json(CLI::App* app, CliOptions& o, const std::string& help) {
-  app->add_option("--json", o.json_path, help)->type_name("FILE");
+  app->add_option("--json", o.json_path, help + " (its folder must exist)")->type_name("FILE")->check(non_empty);
 }
 
 // Flags of `run` that another command does not take: named in a clear refusal instead of CLI11's
@@ -168,6 +172,22 @@ void override_option(CLI::App* app, CliOptions& o) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
 }
 
+// "MXMOE_BACKEND=NAME: unknown backend ..." for the first unknown name in the environment that the
+// Context would read (MXMOE_BACKEND only without --backend), or "".
+std::string unknown_env_backend(bool backend_flag) {
+  std::vector<std::pair<std::string, std::string>> named;  // (variable, backend)
+  if (const char* b = std::getenv("MXMOE_BACKEND"); b && *b && !backend_flag) named.emplace_back("MXMOE_BACKEND", b);
+  if (const char* d = std::getenv("MXMOE_DENY")) {
+    std::stringstream list(d);
+    for (std::string item; std::getline(list, item, ',');)
+      if (!item.empty()) named.emplace_back("MXMOE_DENY", item);
+  }
+  for (const auto& [variable, name] : named)
+    if (!detail::find_backend(name))
+      return variable + "=" + name + ": unknown backend '" + name + "' (known: " + detail::backend_names() + ")";
+  return "";
+}
+
 constexpr const char* kExitStatus =
     "exit status: 0 all checks passed, 1 a check failed, 2 bad command line, 3 error";
 
@@ -208,8 +228,11 @@ std::optional<int> parse_args(int argc, char** argv, CliOptions& o) {
   int_option(run, "--check-rows", check_rows, 1, kMaxTokens,
              "check N sampled rows and whole sampled experts instead of everything");
   add_json(run, o, "also write the report as JSON");
-  run->add_option("--dump", o.dump_dir, "write problem.json and every input and output as .npy into DIR")
-      ->type_name("DIR");
+  run->add_option("--dump", o.dump_dir,
+                  "write problem.json and every input and output as .npy into DIR, whole or not at all (its "
+                  "parent folder must exist; DIR is created, or replaced when it holds an earlier dump)")
+      ->type_name("DIR")
+      ->check(non_empty);
 
   CLI::App* plan = app.add_subcommand(
       "plan", "print what a run would do on a GPU, without one: each step's backend, configuration, launches, "
@@ -300,6 +323,12 @@ std::optional<int> parse_args(int argc, char** argv, CliOptions& o) {
   }
   for (CLI::App* sub : {info, run, plan, bench})
     if (sub->parsed()) o.command = sub->get_name();
+  // The environment names backends too (Options: MXMOE_BACKEND, MXMOE_DENY): an unknown one is the
+  // same usage error as the flag's, not an error of the run.
+  if (const std::string bad = unknown_env_backend(!o.backend.empty()); !bad.empty()) {
+    std::cerr << "mxmoe: " << bad << "\n";
+    return kExitUsage;
+  }
   if (o.scale_fc2_bias) o.bias = true;
   if (check_rows) o.check_rows = *check_rows;
   return std::nullopt;

@@ -79,6 +79,9 @@ struct RunConfig {
   Problem problem;
   int64_t tokens = 0;
   std::string preset;
+  // Where the sizes and layouts came from, as the report prints it: "H=128 F=256 E=8 T=1024 from
+  // the command line", or with "; from preset small: F=256 E=8 ..." for what the preset filled in.
+  std::string origin;
   bool skew = false;
   uint64_t seed = 1;
 };
@@ -124,8 +127,9 @@ struct RunSettings {
   Device device{};
   Options options{};
   WeightLayout weight_layout = WeightLayout::dense;
-  bool warmup = false;  // one untimed iteration first (GPU)
-  std::string label;    // progress lines on stderr
+  bool warmup = false;     // one untimed iteration first (GPU)
+  std::string label;       // progress lines on stderr (a terminal only); empty: none
+  double estimate_s = 0;   // expected seconds of forward + backward (0: unknown), for the progress line
 };
 LayerResult run_layer(const LayerData& data, const RunSettings& settings);
 
@@ -133,6 +137,14 @@ int command_info(const CliOptions& o);
 int command_run(const CliOptions& o);
 int command_bench(const CliOptions& o);  // bench.cpp
 int command_plan(const CliOptions& o);   // plan.cpp
+
+// ---- progress.cpp ----
+// On a terminal (stderr), `phase` starts a progress line that is redrawn every second with the time
+// spent and, given an estimate (seconds > 0), about how long is left; the next phase ends it.
+// Not a terminal: nothing is printed.
+bool progress_shown();
+void progress(const std::string& phase, double estimate_s = 0);
+void progress_end();  // ends the current line (before the report, or an error, is printed)
 
 // ---- report.cpp ----
 // Pass when ||out - ref|| <= tolerance * ||ref|| + abs_floor (docs/numerics.md "Tolerances": a
@@ -175,8 +187,27 @@ void write_report_json(const RunReport& r, const std::string& path);  // --json
 // a temporary name in the same folder, checks every write and the close, and renames it over the
 // path only when all of it is written; a character device or FIFO (/dev/stdout) is written in place.
 // Write failures throw Error naming the flag, the path and the reason.
+// One rule for both: the folder the output goes into must exist (nothing is created before the run).
+// A dump directory must be absent, empty, or hold an earlier dump (problem.json and .npy files only),
+// which the new one replaces whole.
 void check_output_file(const std::string& flag, const std::string& path);
-void check_output_dir(const std::string& flag, const std::string& dir);  // creates it (and parents)
+void check_output_dir(const std::string& flag, const std::string& dir);
+// --json must be neither the --dump directory nor inside it (a UsageError naming both).
+void check_distinct_outputs(const std::string& json_path, const std::string& dump_dir);
+// A dump directory written whole or not at all: files go into a temporary directory beside it,
+// renamed into place by commit(); destroyed uncommitted (a failed write), the temporary is removed.
+class OutputDir {
+ public:
+  OutputDir(std::string flag, const std::string& dir);
+  ~OutputDir();
+  OutputDir(const OutputDir&) = delete;
+  OutputDir& operator=(const OutputDir&) = delete;
+  std::string file(const std::string& name) const;  // where to write `name` until commit()
+  void commit();
+
+ private:
+  std::string flag_, path_, temp_;
+};
 class OutputFile {
  public:
   OutputFile(std::string flag, std::string path);

@@ -138,8 +138,9 @@ struct ExpertBuffer {
   ExpertMatrices view;
 };
 
-void progress(const RunSettings& s, const char* phase) {
-  if (!s.label.empty()) std::fprintf(stderr, "mxmoe: %s: %s\n", s.label.c_str(), phase);
+// Forward is about a third of a layer's work, backward two thirds (forward_flops, backward_flops).
+void progress(const RunSettings& s, const char* phase, double share = 0) {
+  if (!s.label.empty()) cli::progress(s.label + ": " + phase, s.estimate_s * share);
 }
 
 }  // namespace
@@ -200,13 +201,13 @@ LayerResult run_layer(const LayerData& data, const RunSettings& s) {
 
   LayerResult r;
   using Clock = std::chrono::steady_clock;
-  progress(s, "forward");
+  progress(s, "forward", 1.0 / 3);
   const auto t0 = Clock::now();
   SavedState saved = forward(ctx, p, fa);
   synchronize(d);
   const auto t1 = Clock::now();
   r.saved_bytes = saved.bytes();
-  progress(s, "backward");
+  progress(s, "backward", 2.0 / 3);
   const auto t2 = Clock::now();
   backward(ctx, saved, ba);
   synchronize(d);

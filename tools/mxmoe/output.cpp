@@ -1,6 +1,8 @@
 // Output files named on the command line (--json, --dump): checked before the run, written through a
-// temporary file in the same folder with every write and the close checked, renamed over the path
-// only when complete. A failed write leaves the path as it was (or absent) and names the reason.
+// temporary file (a temporary directory for --dump) in the same folder with every write and the
+// close checked, renamed over the path only when complete. A failed write leaves the path as it was
+// (or absent) and names the reason. One rule for both flags: the folder the output goes into must
+// exist; mxmoe creates only the file or the dump directory itself, once the output is complete.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -85,16 +87,97 @@ void check_output_file(const std::string& flag, const std::string& path_in) {
   probe_folder(flag, path_in, folder);
 }
 
+namespace {
+
+// The dump directory as an absolute path without a trailing separator (rename() needs its name).
+std::string dump_target(const std::string& dir) {
+  std::error_code ec;
+  fs::path p = fs::weakly_canonical(fs::absolute(dir), ec);
+  if (ec) p = fs::absolute(dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();  // "out/" names "out"
+  return p.string();
+}
+
+// What an earlier dump holds: problem.json and .npy files, nothing else.
+bool is_dump_file(const fs::directory_entry& e) {
+  const std::string name = e.path().filename().string();
+  std::error_code ec;
+  return e.is_regular_file(ec) && (name == "problem.json" || e.path().extension() == ".npy");
+}
+
+}  // namespace
+
 void check_output_dir(const std::string& flag, const std::string& dir) {
   if (dir.empty()) throw UsageError(flag + " needs a directory name");
+  const std::string target = dump_target(dir);
+  const std::string parent = folder_of(target);
   std::error_code ec;
-  const fs::file_status st = fs::status(dir, ec);
+  const fs::file_status pst = fs::status(parent, ec);
+  if (!fs::exists(pst))
+    throw UsageError(flag + " " + dir + ": folder " + parent + " does not exist (create it first; mxmoe creates " +
+                     "only the dump directory itself)");
+  if (!fs::is_directory(pst)) throw UsageError(flag + " " + dir + ": " + parent + " is not a directory");
+  const fs::file_status st = fs::status(target, ec);
   if (fs::exists(st) && !fs::is_directory(st)) throw UsageError(flag + " " + dir + ": exists and is not a directory");
-  if (!fs::exists(st)) {
-    fs::create_directories(dir, ec);
-    if (ec) throw UsageError(flag + " " + dir + ": cannot create the directory: " + ec.message());
+  if (fs::exists(st)) {
+    std::error_code read;
+    for (const fs::directory_entry& e : fs::directory_iterator(target, read))
+      if (!is_dump_file(e))
+        throw UsageError(flag + " " + dir + ": holds " + e.path().filename().string() +
+                         ", which is no part of an mxmoe dump (a dump replaces its directory whole); choose a new or " +
+                         "empty directory");
+    if (read) throw UsageError(flag + " " + dir + ": cannot read the directory: " + read.message());
   }
-  probe_folder(flag, (fs::path(dir) / "problem.json").string(), dir);
+  probe_folder(flag, target, parent);  // the dump is made beside it, then renamed into place
+}
+
+void check_distinct_outputs(const std::string& json_path, const std::string& dump_dir) {
+  if (json_path.empty() || dump_dir.empty()) return;
+  const fs::path dump = dump_target(dump_dir);
+  const fs::path json = dump_target(json_path);
+  const auto [end, ignored] = std::mismatch(dump.begin(), dump.end(), json.begin(), json.end());
+  if (end == dump.end())
+    throw UsageError("--json " + json_path + ": is the --dump directory " + dump_dir +
+                     " or inside it (the dump replaces that directory whole); write the report elsewhere");
+}
+
+OutputDir::OutputDir(std::string flag, const std::string& dir) : flag_(std::move(flag)), path_(dump_target(dir)) {
+  temp_ = temp_name(path_);
+  std::error_code ec;
+  if (!fs::create_directory(temp_, ec)) {
+    const std::string temp = temp_;
+    temp_.clear();
+    throw Error(flag_, "cannot create a directory in " + folder_of(path_) + " (" + temp + "): " +
+                           (ec ? ec.message() : "it exists"));
+  }
+}
+
+OutputDir::~OutputDir() {
+  std::error_code ec;
+  if (!temp_.empty()) fs::remove_all(temp_, ec);
+}
+
+std::string OutputDir::file(const std::string& name) const { return (fs::path(temp_) / name).string(); }
+
+void OutputDir::commit() {
+  // rename() replaces an absent or empty directory at once; an earlier dump is moved aside first
+  // and removed once the new one is in place (moved back if that rename fails).
+  if (::rename(temp_.c_str(), path_.c_str()) == 0) {
+    temp_.clear();
+    return;
+  }
+  if (errno != ENOTEMPTY && errno != EEXIST) throw Error(flag_, "cannot rename the finished dump onto " + path_ + ": " + reason(errno));
+  const std::string old = temp_name(path_ + ".old");
+  if (::rename(path_.c_str(), old.c_str()) != 0)
+    throw Error(flag_, "cannot move the earlier dump " + path_ + " aside: " + reason(errno));
+  if (::rename(temp_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    ::rename(old.c_str(), path_.c_str());
+    throw Error(flag_, "cannot rename the finished dump onto " + path_ + ": " + reason(err));
+  }
+  temp_.clear();
+  std::error_code ec;
+  fs::remove_all(old, ec);
 }
 
 OutputFile::OutputFile(std::string flag, std::string path) : flag_(std::move(flag)), path_(resolved(path)) {

@@ -23,6 +23,28 @@ const Preset* find_preset(const std::string& name) {
   return nullptr;
 }
 
+namespace {
+
+// The problem as given: what the command line set, then what the preset filled in (if anything).
+std::string origin_text(const CliOptions& o, const Preset& preset, const RunConfig& c) {
+  const Problem& p = c.problem;
+  std::string given, filled;
+  auto add = [&](bool from_flag, const std::string& item) { (from_flag ? given : filled) += " " + item; };
+  add(o.hidden.has_value(), "H=" + std::to_string(p.hidden));
+  add(o.ffn.has_value(), "F=" + std::to_string(p.ffn));
+  add(o.experts.has_value(), "E=" + std::to_string(p.experts));
+  add(o.tokens.has_value(), "T=" + std::to_string(c.tokens));
+  add(o.activation.has_value(), std::string("activation=") + to_string(p.activation));
+  add(o.glu_layout.has_value(), std::string("glu=") + to_string(p.glu_layout));
+  std::string s = given.empty() ? "" : "given:" + given;
+  if (!filled.empty())
+    s += (s.empty() ? "" : "; ") + std::string("from preset ") + preset.name +
+         (o.preset.empty() ? " (the default)" : "") + ":" + filled;
+  return s;
+}
+
+}  // namespace
+
 RunConfig resolve_config(const CliOptions& o, bool gpu_run) {
   // Without a GPU the big presets would take hours on the CPU reference backend.
   const std::string name = !o.preset.empty() ? o.preset : (gpu_run ? "dsv3" : "small");
@@ -48,6 +70,7 @@ RunConfig resolve_config(const CliOptions& o, bool gpu_run) {
   p.fc1_bias = p.fc2_bias = o.bias;
   p.scale_fc2_bias = o.scale_fc2_bias;
   p.pow2_scales = o.pow2_scales;
+  c.origin = origin_text(o, *preset, c);
   if (c.tokens > std::numeric_limits<int32_t>::max())
     throw UsageError("--tokens " + std::to_string(c.tokens) + " does not fit the int32 group offsets");
   try {

@@ -39,8 +39,9 @@ bool RunReport::pass() const {
 void print_report(const RunReport& r, std::FILE* out) {
   const RunConfig& c = r.config;
   const double ff = forward_flops(c.problem, c.tokens), bf = backward_flops(c.problem, c.tokens);
-  std::fprintf(out, "mxmoe run (preset %s, seed %llu)\n", c.preset.c_str(), static_cast<unsigned long long>(c.seed));
+  std::fprintf(out, "mxmoe run (seed %llu)\n", static_cast<unsigned long long>(c.seed));
   std::fprintf(out, "  problem   %s\n", r.problem_text.c_str());
+  std::fprintf(out, "  sizes     %s\n", c.origin.c_str());
   std::fprintf(out, "  tokens    T=%lld over E=%lld experts, %s: min %lld, max %lld, %lld empty\n",
                static_cast<long long>(c.tokens), static_cast<long long>(c.problem.experts), split_kind(c).c_str(),
                static_cast<long long>(r.min_tokens), static_cast<long long>(r.max_tokens),
@@ -83,7 +84,8 @@ void write_report_json(const RunReport& r, const std::string& path) {
   const double ff = forward_flops(p, c.tokens), bf = backward_flops(p, c.tokens);
   json j;
   j["mxmoe_version"] = mxmoe::version();
-  j["preset"] = c.preset;
+  j["preset"] = c.preset;  // the preset resolve_config started from; "origin" says what it filled in
+  j["origin"] = c.origin;
   j["seed"] = c.seed;
   j["problem"] = {{"hidden", p.hidden},
                   {"ffn", p.ffn},

@@ -6,6 +6,7 @@
 // single-expert problems (dW1, dW2, db1, db2): row-wise quantization is per row and column-wise
 // blocks restart at each expert, so those sub-problems see exactly the full run's quantization points.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <random>
@@ -220,8 +221,8 @@ std::vector<int64_t> sample_experts(const LayerData& d, uint64_t seed) {
   return out;
 }
 
-void dump(const std::string& dir, const RunConfig& cfg, const LayerData& d, const LayerResult& r) {
-  namespace fs = std::filesystem;
+void dump(const std::string& dir_name, const RunConfig& cfg, const LayerData& d, const LayerResult& r) {
+  OutputDir dir("--dump", dir_name);
   const Problem& p = d.problem;
   const int64_t T = d.tokens, H = p.hidden, F = p.ffn, E = p.experts;
   const nlohmann::ordered_json problem = {
@@ -243,8 +244,8 @@ void dump(const std::string& dir, const RunConfig& cfg, const LayerData& d, cons
       {"seed", cfg.seed},
       {"skew", cfg.skew},
   };
-  write_text_file("--dump", (fs::path(dir) / "problem.json").string(), problem.dump(2) + "\n");
-  auto path = [&](const char* name) { return (fs::path(dir) / (std::string(name) + ".npy")).string(); };
+  write_text_file("--dump", dir.file("problem.json"), problem.dump(2) + "\n");
+  auto path = [&](const char* name) { return dir.file(std::string(name) + ".npy"); };
   auto f32 = [&](const char* name, const std::vector<float>& v, std::vector<int64_t> shape) {
     write_npy(path(name), v.data(), "<f4", 4, shape);
   };
@@ -263,6 +264,7 @@ void dump(const std::string& dir, const RunConfig& cfg, const LayerData& d, cons
   f32("dw2", r.dw2, {E, H, F});
   if (p.fc1_bias) f32("db1", r.db1, {E, 2 * F});
   if (p.fc2_bias) f32("db2", r.db2, {E, H});
+  dir.commit();
 }
 
 // Whether GPU 0 has a backend for every step of the problem's layer (its plan, made without running).
@@ -275,44 +277,124 @@ bool gpu_plans(const RunConfig& cfg) {
   }
 }
 
-void progress(const char* phase) { std::fprintf(stderr, "mxmoe: %s\n", phase); }
+bool sampled_checks(const RunConfig& c, int64_t check_rows) {
+  return check_rows > 0 || double(c.tokens) * double(c.problem.hidden) * double(c.problem.ffn) > kLargeProblem;
+}
+
+// A run of the same problem that fits the memory there is (host, and GPU when dev > 0): the most
+// tokens, or else the most experts at the given tokens (the weights alone did not fit); the
+// estimate's terms decide, so a flag that lowers the need by a few MB is never the suggestion.
+std::string what_fits(const RunConfig& cfg, bool gpu, int64_t check_rows, double host, double dev) {
+  auto fits = [&](int64_t tokens, int64_t experts) {
+    RunConfig c = cfg;
+    c.tokens = tokens;
+    c.problem.experts = experts;
+    const MemoryEstimate m = estimate_run_memory(c, gpu, sampled_checks(c, check_rows), check_rows);
+    return (host <= 0 || m.host <= host) && (dev <= 0 || m.device <= dev);
+  };
+  // The largest v in [lo, hi] with ok(v), given ok(lo) (ok is monotone: fewer fits when more does not).
+  auto largest = [](int64_t lo, int64_t hi, auto ok) {
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo + 1) / 2;
+      if (ok(mid)) lo = mid;
+      else hi = mid - 1;
+    }
+    return lo;
+  };
+  const int64_t T = cfg.tokens, E = cfg.problem.experts;
+  if (T > 1 && fits(1, E)) {
+    const int64_t t = largest(1, T, [&](int64_t v) { return fits(v, E); });
+    return "--tokens " + std::to_string(t) + " (or fewer) fits with the other sizes unchanged";
+  }
+  if (E > 1 && fits(std::min<int64_t>(T, 1), 1)) {
+    const int64_t keep_t = fits(T, 1) ? T : 1;
+    const int64_t e = largest(1, E, [&](int64_t v) { return fits(keep_t, v); });
+    return "--experts " + std::to_string(e) + (keep_t == T ? "" : " --tokens 1") + " (or fewer) fits";
+  }
+  return "even one expert of these --hidden/--ffn with one token does not fit; use smaller --hidden/--ffn";
+}
+
+// Seconds per token row of a CPU-backend layer run and of the fp64 reference, measured on a few rows
+// of one expert, so that a terminal's progress lines can say about how long each phase takes (both
+// scale with the rows; the per-expert weight work a full run adds is small beside it).
+struct RowCost {
+  double cpu_run = 0, reference = 0;
+};
+constexpr int64_t kCalibrationRows = 32;
+
+RowCost measure_row_cost(const LayerData& data, uint64_t seed) {
+  const std::vector<int64_t> experts = sample_experts(data, seed);
+  if (experts.empty()) return {};
+  const LayerData one = select_expert(data, experts.front());
+  std::vector<int64_t> rows;
+  for (int64_t r = 0; r < std::min(one.tokens, kCalibrationRows); ++r) rows.push_back(r);
+  const LayerData few = select_rows(one, rows);
+  using Clock = std::chrono::steady_clock;
+  RunSettings cpu;
+  cpu.options.backend = "cpu";
+  const auto t0 = Clock::now();
+  run_layer(few, cpu);
+  const auto t1 = Clock::now();
+  reference(few, /*weight_grads=*/true);
+  const auto t2 = Clock::now();
+  const double n = double(few.tokens);
+  return {std::chrono::duration<double>(t1 - t0).count() / n, std::chrono::duration<double>(t2 - t1).count() / n};
+}
 
 }  // namespace
 
 int command_run(const CliOptions& o) {
+<<<<<<< HEAD
   // fp8_blockwise with fp32 scales runs on the GPU where every GEMM of its plan takes them (cuda_sm90:
   // FP8 wgmma); elsewhere the GPU's GEMMs take power-of-two scales only, so without a --backend it
   // runs on the CPU (and says so).
+=======
+  struct EndProgress {
+    ~EndProgress() { progress_end(); }  // an error message then starts on a line of its own
+  } end_progress;
+  // fp8_blockwise with fp32 scales runs on the GPU where cuda_sm90 serves it (FP8 wgmma, every GEMM);
+  // elsewhere the GPU's GEMMs take power-of-two scales only, so without a --backend it runs on the
+  // CPU (and says so).
+>>>>>>> edge-defects
   const bool fp8_on_cpu = o.recipe == Recipe::fp8_blockwise && !o.pow2_scales && o.backend.empty() &&
                           cuda_device_count() > 0 && !gpu_plans(resolve_config(o, /*gpu=*/true));
   const bool gpu = cuda_device_count() > 0 && o.backend != "cpu" && !fp8_on_cpu;
   const RunConfig cfg = resolve_config(o, gpu);
   const Problem& p = cfg.problem;
   const int64_t T = cfg.tokens, H = p.hidden, F = p.ffn, E = p.experts;
-  const bool sampled = o.check_rows > 0 || double(T) * double(H) * double(F) > kLargeProblem;
+  const bool sampled = sampled_checks(cfg, o.check_rows);
 
   // Everything that can be refused is refused before the run: output paths, then memory.
   if (!o.json_path.empty()) check_output_file("--json", o.json_path);
   if (!o.dump_dir.empty()) check_output_dir("--dump", o.dump_dir);
+  check_distinct_outputs(o.json_path, o.dump_dir);
   const MemoryEstimate need = estimate_run_memory(cfg, gpu, sampled, o.check_rows);
   const std::string sizes = "H=" + std::to_string(H) + " F=" + std::to_string(F) + " E=" + std::to_string(E) +
                             " T=" + std::to_string(T);
-  if (const double host = available_host_memory(); host > 0 && need.host > host)
+  const double host = available_host_memory(), dev = gpu ? available_device_memory(0) : 0;
+  if (host > 0 && need.host > host)
     throw Error("memory", "this run (" + sizes + ") needs about " + bytes_text(need.host) +
                               " of host memory (estimate: inputs, outputs, the CPU check and the fp64 reference), " +
-                              "but " + bytes_text(host) +
-                              " is available; use smaller --experts/--tokens/--hidden/--ffn or --check-rows");
-  if (gpu)
-    if (const double dev = available_device_memory(0); dev > 0 && need.device > dev)
-      throw Error("memory", "this run (" + sizes + ") needs about " + bytes_text(need.device) +
-                                " of GPU memory (estimate: inputs, outputs and the library's workspaces), but " +
-                                bytes_text(dev) + " is free on cuda:0; use smaller --experts/--tokens/--hidden/--ffn");
+                              "but " + bytes_text(host) + " is available; " +
+                              what_fits(cfg, gpu, o.check_rows, host, dev));
+  if (dev > 0 && need.device > dev)
+    throw Error("memory", "this run (" + sizes + ") needs about " + bytes_text(need.device) +
+                              " of GPU memory (estimate: inputs, outputs and the library's workspaces), but " +
+                              bytes_text(dev) + " is free on cuda:0; " + what_fits(cfg, gpu, o.check_rows, host, dev));
 
-  progress(("estimated peak memory: host " + bytes_text(need.host) +
-            (gpu ? ", GPU " + bytes_text(need.device) : std::string())).c_str());
+  progress("estimated peak memory: host " + bytes_text(need.host) +
+           (gpu ? ", GPU " + bytes_text(need.device) : std::string()));
 
   progress("generating inputs");
   const LayerData data = make_layer_data(cfg);
+  // Estimates only where someone watches, and only when the run is long beside the measurement.
+  RowCost cost;
+  if (progress_shown() && T > 4 * kCalibrationRows) {
+    progress("measuring the CPU's speed on " + std::to_string(kCalibrationRows) + " rows");
+    cost = measure_row_cost(data, cfg.seed);
+  }
+  auto cpu_seconds = [&](int64_t rows) { return cost.cpu_run * double(rows); };
+  auto reference_seconds = [&](int64_t rows) { return cost.reference * double(rows); };
 
   RunSettings main_run;
   main_run.device = gpu ? Device{DeviceType::cuda, 0} : Device{};
@@ -321,6 +403,7 @@ int command_run(const CliOptions& o) {
   main_run.options.overrides = o.overrides;
   main_run.warmup = gpu;
   main_run.label = "run";
+  if (!gpu) main_run.estimate_s = cpu_seconds(T);
   const LayerResult run = run_layer(data, main_run);
 
   RunReport rep;
@@ -353,8 +436,11 @@ int command_run(const CliOptions& o) {
                         "power-of-two scales only (--pow2-scales): the run is on the CPU reference backend");
   if (p.recipe != Recipe::bf16 && p.activation == Activation::clamped_swiglu)
     rep.notes.push_back(
-        "clamped SwiGLU: a quantized value may cross the clamp limit and flip its mask, so the "
-        "fp64 bound is loose (0.25); the same-points check is authoritative");
+        std::string("clamped SwiGLU: a quantized value may cross the clamp limit and flip its mask, so the "
+                    "fp64 bound is loose (0.25); ") +
+        (same_points ? "the same-points check is the authoritative one"
+                     : "the authoritative check is the same-points one, which needs a run on another backend "
+                       "than the CPU reference (a GPU), so here the loose fp64 bound is the only check"));
   if (T == 0)
     rep.notes.push_back("T=0: y, dx and dprobs have no values to compare (PASS); the weight and bias gradients "
                         "of a layer that saw no token must be zeros");
@@ -363,10 +449,11 @@ int command_run(const CliOptions& o) {
     same.scope = ref.scope = "all";
     if (gpu) {
       cpu_run.label = "cpu check";
+      cpu_run.estimate_s = cpu_seconds(T);
       const LayerResult c = run_layer(data, cpu_run);
       compare_all(same, data, FromRun{c});
     }
-    progress("fp64 reference");
+    progress("fp64 reference", reference_seconds(T));
     const cpu::RefLayerOutputs r = reference(data, /*weight_grads=*/true);
     compare_all(ref, data, FromRef{r});
   } else {
@@ -378,22 +465,25 @@ int command_run(const CliOptions& o) {
                         " sampled rows; weight and bias grads on whole sampled experts");
     if (same_points) {
       cpu_run.label = "cpu check (sampled rows)";
+      cpu_run.estimate_s = cpu_seconds(sub.tokens);
       compare_rows(same, sub, rows, FromRun{run_layer(sub, cpu_run)});
     }
-    progress("fp64 reference (sampled rows)");
+    progress("fp64 reference (sampled rows)", reference_seconds(sub.tokens));
     compare_rows(ref, sub, rows, FromRef{reference(sub, /*weight_grads=*/false)});
     for (int64_t e : sample_experts(data, cfg.seed)) {
       const LayerData one = select_expert(data, e);
       same.scope = ref.scope = "expert " + std::to_string(e) + " (" + std::to_string(one.tokens) + " rows)";
       if (same_points) {
         cpu_run.label = "cpu check (" + same.scope + ")";
+        cpu_run.estimate_s = cpu_seconds(one.tokens);
         compare_expert(same, p, e, FromRun{run_layer(one, cpu_run)});
       }
-      progress(("fp64 reference (" + ref.scope + ")").c_str());
+      progress("fp64 reference (" + ref.scope + ")", reference_seconds(one.tokens));
       compare_expert(ref, p, e, FromRef{reference(one, /*weight_grads=*/true)});
     }
   }
 
+  progress_end();
   print_report(rep, stdout);
   std::fflush(stdout);
   if (!o.json_path.empty()) write_report_json(rep, o.json_path);

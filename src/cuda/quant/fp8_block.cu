@@ -49,13 +49,18 @@ __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w 
 // (RNE, |x| > 448 and +-Inf saturate, what e4m3_from_f32 computes) on the product; a NaN input
 // bypasses the multiply in fp8_block_encode and keeps its sign there (sign | 0x7F), while the
 // device product is the canonical NaN: such bytes (the only ones with low bits 0x7F, satfinite
-// never gives it for a number) take the sign of their bf16 input back.
+// never gives it for a number) take the sign of their bf16 input back. An Inf input, which
+// satfinite makes +-448, becomes sign | 0x7F too, as fp8_block_encode writes it.
 __device__ __forceinline__ uint32_t encode4(uint32_t w0, uint32_t w1, float s0, float s1, float s2, float s3) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   uint16_t lo, hi;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(bf16_hi(w0) * s1), "f"(bf16_lo(w0) * s0));
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(bf16_hi(w1) * s3), "f"(bf16_lo(w1) * s2));
   uint32_t q = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+  // Bytes of an Inf input (bf16 exponent all ones, mantissa 0): NaN's low bits, the sign set below.
+  auto inf = [](uint32_t bits, uint32_t byte) { return (bits & 0x7fffu) == 0x7f80u ? byte : 0u; };
+  const uint32_t inf_bytes = inf(w0, 0xffu) | inf(w0 >> 16, 0xff00u) | inf(w1, 0xff0000u) | inf(w1 >> 16, 0xff000000u);
+  q |= inf_bytes & 0x7f7f7f7fu;
   const uint32_t nan_bytes = ((q & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u;
   if (nan_bytes != 0) {
     // bf16 sign bits 15 and 31 of w0, w1 -> bits 7, 15, 23, 31 of the four bytes.

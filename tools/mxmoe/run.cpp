@@ -344,18 +344,12 @@ RowCost measure_row_cost(const LayerData& data, uint64_t seed) {
 }  // namespace
 
 int command_run(const CliOptions& o) {
-<<<<<<< HEAD
-  // fp8_blockwise with fp32 scales runs on the GPU where every GEMM of its plan takes them (cuda_sm90:
-  // FP8 wgmma); elsewhere the GPU's GEMMs take power-of-two scales only, so without a --backend it
-  // runs on the CPU (and says so).
-=======
   struct EndProgress {
     ~EndProgress() { progress_end(); }  // an error message then starts on a line of its own
   } end_progress;
-  // fp8_blockwise with fp32 scales runs on the GPU where cuda_sm90 serves it (FP8 wgmma, every GEMM);
-  // elsewhere the GPU's GEMMs take power-of-two scales only, so without a --backend it runs on the
-  // CPU (and says so).
->>>>>>> edge-defects
+  // fp8_blockwise with fp32 scales runs on the GPU where every GEMM of its plan takes them (cuda_sm90:
+  // FP8 wgmma); elsewhere the GPU's GEMMs take power-of-two scales only, so without a --backend it
+  // runs on the CPU (and says so).
   const bool fp8_on_cpu = o.recipe == Recipe::fp8_blockwise && !o.pow2_scales && o.backend.empty() &&
                           cuda_device_count() > 0 && !gpu_plans(resolve_config(o, /*gpu=*/true));
   const bool gpu = cuda_device_count() > 0 && o.backend != "cpu" && !fp8_on_cpu;

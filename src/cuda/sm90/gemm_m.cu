@@ -482,7 +482,7 @@ Epi kernel_epi(const detail::MGemmStep& s) {
 
 // One kernel over step s (every operand in the kernel's formats): schedule, launch, reductions.
 // mx: the MXFP8 outputs the Mx::a GLU epilogues quantize themselves.
-void run_kernel(const detail::MGemmStep& s, MKernel kernel, int bn, cudaStream_t stream, const MxOut& mx = {}) {
+void run_kernel(const detail::MGemmStep& s, Mainloop kernel, int bn, cudaStream_t stream, const MxOut& mx = {}) {
   Workspace ws(gemm_m_workspace_bytes(s, bn), stream);
   MLaunch l = make_launch(s, bn, ws, stream);
   l.params.out_mx = mx;
@@ -492,7 +492,7 @@ void run_kernel(const detail::MGemmStep& s, MKernel kernel, int bn, cudaStream_t
 
 // The BF16 route at its default width: the fp8_dequant route's inner GEMM.
 void run_bf16_default(const detail::MGemmStep& s, void* stream) {
-  run_kernel(s, MKernel::bf16, wide_output(s) ? kWideN : kNarrowN, as_stream(stream));
+  run_kernel(s, Mainloop::bf16, wide_output(s) ? kWideN : kNarrowN, as_stream(stream));
 }
 
 // An fp8_blockwise step on the FP8-wgmma kernel; an FP8 output of glu_forward (A row-wise and in
@@ -524,7 +524,7 @@ void run_fp8_block(const detail::MGemmStep& s0, cudaStream_t stream) {
     s.gemm.b.dequantized = ExpertMatrices{};
     s.gemm.b_kn = false;
   }
-  run_kernel(s, MKernel::fp8_block, kBlkN, stream);
+  run_kernel(s, Mainloop::fp8_block, kBlkN, stream);
   if (has_quantized_outputs(s0)) quantize_outputs(s0, s.out_bf16, stream);
 }
 
@@ -563,7 +563,7 @@ void run_mx(const detail::MGemmStep& s0, bool dequantize_a, int bn, cudaStream_t
   s.gemm.b.data.dense = TensorView::of(wb, DType::bf16, {experts, b_rows, b_cols}, g.b.data.dense.device);
   s.gemm.b.data.dtype = DType::bf16;
   s = with_bf16_output(s, tmp);
-  run_kernel(s, dequantize_a ? MKernel::bf16 : MKernel::mx_a, bn, stream, mx);
+  run_kernel(s, dequantize_a ? Mainloop::bf16 : Mainloop::mx_a, bn, stream, mx);
   if (quantize_after) quantize_outputs(s0, s.out_bf16, stream);
 }
 
@@ -583,7 +583,7 @@ void gemm_m(const detail::MGemmStep& s0, const detail::StepPlan& plan, void* str
       // BF16 operands; quantized outputs (none in the layer's bf16 recipe) through the quantizer.
       Workspace tmp(staged_output_bytes(s0), stream);
       const detail::MGemmStep s = with_bf16_output(s0, tmp);
-      run_kernel(s, MKernel::bf16, c->block_n, stream);
+      run_kernel(s, Mainloop::bf16, c->block_n, stream);
       if (has_quantized_outputs(s0)) quantize_outputs(s0, s.out_bf16, stream);
       return;
     }

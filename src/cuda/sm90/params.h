@@ -22,10 +22,6 @@ enum class Epi : uint8_t {
   store,         // D[t, n] = acc (+ bias_e[n], or p_t * bias_e[n])
   glu_forward,   // C = acc + b1 -> bf16 [T, 2F]; A = p_t * act(a, b) -> bf16 [T, F]
   glu_backward,  // g = acc; dC = act'(C, g, p) -> bf16 [T, 2F]; dprob / db1 partials
-  // The same, with the epilogue handed to warps 1-3 of the producer warp group: the consumers write
-  // the fp32 accumulators to shared memory and go on to the next tile's mainloop (epilogue.cuh
-  // "Epilogue warps"). Kernel-bench variant, not yet in the layer.
-  glu_backward_ew,
   wgrad,         // D_e[m, n] = acc (+ D_e when accumulating into fp32)
 };
 

@@ -40,14 +40,6 @@ __device__ __forceinline__ void load_b_half(const KernelParams& p, const Tile& t
   } else {
     uint8_t* dst = sb + h * (BN / 2) * Cfg::kKBlock * Cfg::kElemB;
     switch (p.b_load) {
-      case BLoad::mn_halves: {  // MXFP8 [K, N]: [64 k][BN/2 n] bytes per half
-        const int32_t n = t.n_tile * BN + h * (BN / 2);
-        if (mc)
-          tma_load_3d_mc(mb0, bar, dst, n, k, e, kBoth);
-        else
-          tma_load_3d(mb0, bar, dst, n, k, e);
-        break;
-      }
       case BLoad::k_rows: {
         const int32_t n = t.n_tile * BN + h * (BN / 2);
         if (mc)

@@ -36,8 +36,8 @@ namespace mxmoe::cuda::sm90 {
 //   k_block(tile, kb, pipe, state, acc) k-block kb into acc (a live tile; kWalksDummies: a dummy too,
 //                                       else the kernel drains a dummy's stages)
 //   finish(pipe, state)                 after the tile's k-blocks: every wgmma retired, every stage released
-//   LoaderState, load_stage_scales(p, tile, kb, lt, ring, st, ls)
-//                                       (kScaleLoaders) loader thread lt of warps 1-3: stage st's scales
+//   LoaderState, load_stage_scales(p, tile, kb, lt, ring, stage, phase, ls)
+//                                       (kScaleLoaders) loader thread lt of warps 1-3: the stage's scales
 template <class Cfg>
 using MainloopFor =
     std::conditional_t<Cfg::kMainloop == Mainloop::bf16, MainloopBf16<Cfg>,
@@ -77,13 +77,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (Cfg::kCluster > 1) cluster_sync();  // the peer's barriers exist before any multicast
   const TileScheduler<Cfg> sched(p, rank);
 
+  // Each role walks the ring from stage 0, phase 0 (the parity of the stage's current fill), over the
+  // same tiles' k-blocks in the same order.
+  // NOTE: the roles' loops over tiles and k-blocks, and the ring position's update, are written here
+  // rather than in the parts' functions: nvcc optimizes a function's loops (and turns the update's
+  // branch into selects) before inlining it, and the kernels' SASS changed with that
+  // (docs/kernels/sm90_gemm.md, Files: the split was checked to keep the SASS).
   if (role == WarpGroupRole::producer) {
     reg_dealloc<kProducerRegs>();
-    // NOTE: every role's loops over tiles and k-blocks, and the ring position's update, are written
-    // here rather than in the parts' functions: nvcc optimizes a function's loops (and turns the
-    // update's branch into selects) before inlining it, and the kernels' SASS changed with that
-    // (docs/kernels/sm90_gemm.md, Files: the split was checked to keep the SASS).
-    // Each role walks the ring from stage 0, phase 0 (the parity of the stage's current fill).
     if (threadIdx.x == 0) {
       int stage = 0;
       uint32_t phase = 0;

@@ -267,7 +267,7 @@ void finish_gemm_m(const detail::MGemmStep& s, const MLaunch& plan, cudaStream_t
   }
 }
 
-// The Mx::a GLU kernels quantize A / dC in their epilogue (MXFP8 row- and column-wise from the
+// The mx_a GLU kernels quantize A / dC in their epilogue (MXFP8 row- and column-wise from the
 // staged bf16 tile, src/cuda/common/mx_tile_quant.cuh) where the outputs are MXFP8, F is a multiple
 // of 32 and the data 16-byte aligned; otherwise the kernel writes bf16 and the quantizer reads it.
 bool fused_quantizing_epilogue(const detail::MGemmStep& s) {
@@ -283,7 +283,7 @@ namespace {
 
 enum class Route : uint8_t {
   bf16,         // BF16 A and B: the BF16 kernel
-  mx_regs,      // MXFP8 A converted to BF16 in registers (the Mx::a kernel); B the weights' bf16 copy
+  mx_regs,      // MXFP8 A converted to BF16 in registers (the mx_a kernel); B the weights' bf16 copy
   mx_dequant,   // MXFP8 A dequantized into a bf16 copy first; the BF16 kernel
   fp8_block,    // FP8 wgmma with promotion per 128 values of K (dgrad: on B transposed)
   fp8_dequant,  // fp8_blockwise with power-of-two scales: both operands dequantized (exact); the BF16 kernel
@@ -469,8 +469,6 @@ detail::StepPlan plan_gemm_m(const detail::MGemmStep& s, bool pow2_scales, const
 
 // ---- Running a plan ----
 
-namespace {
-
 Epi kernel_epi(const detail::MGemmStep& s) {
   switch (s.epilogue) {
     case detail::Epilogue::store: return Epi::store;
@@ -480,8 +478,10 @@ Epi kernel_epi(const detail::MGemmStep& s) {
   return Epi::store;
 }
 
+namespace {
+
 // One kernel over step s (every operand in the kernel's formats): schedule, launch, reductions.
-// mx: the MXFP8 outputs the Mx::a GLU epilogues quantize themselves.
+// mx: the MXFP8 outputs the mx_a GLU epilogues quantize themselves.
 void run_kernel(const detail::MGemmStep& s, Mainloop kernel, int bn, cudaStream_t stream, const MxOut& mx = {}) {
   Workspace ws(gemm_m_workspace_bytes(s, bn), stream);
   MLaunch l = make_launch(s, bn, ws, stream);
@@ -530,7 +530,7 @@ void run_fp8_block(const detail::MGemmStep& s0, cudaStream_t stream) {
 
 // The MXFP8 routes: B is the weights' exact bf16 copy (given, or dequantized here into workspace);
 // mx_dequant dequantizes A too and runs the BF16 kernel. GLU outputs in MXFP8 are quantized by the
-// Mx::a epilogue where it can (fused_quantizing_epilogue), else written in bf16 (to the step's bf16
+// mx_a epilogue where it can (fused_quantizing_epilogue), else written in bf16 (to the step's bf16
 // output, or a transient one) and quantized after, which gives the same bytes (docs/numerics.md
 // "Quantized value").
 void run_mx(const detail::MGemmStep& s0, bool dequantize_a, int bn, cudaStream_t stream) {

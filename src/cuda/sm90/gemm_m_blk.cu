@@ -10,13 +10,7 @@ namespace mxmoe::cuda::sm90 {
 namespace {
 
 template <Epi E>
-using Fp8Block = KernelConfig<KernelSpec{.block_n = kBlkN,
-                                         .a_major = Major::k,
-                                         .b_major = Major::k,
-                                         .grouping = Grouping::m,
-                                         .epi = E,
-                                         .cluster = kPair,
-                                         .mainloop = Mainloop::fp8_block}>;
+using Fp8Block = KernelConfig<m_grouped<Mainloop::fp8_block>({.block_n = kBlkN, .b_major = Major::k, .epi = E})>;
 
 }  // namespace
 

@@ -1,8 +1,9 @@
 // The named configuration of an sm90 grouped GEMM kernel (KernelSpec) and everything derived from it
 // at compile time (KernelConfig): the stage's bytes, the ring depth, the shared-memory budget, the
 // barrier arrival counts, the epilogue. The launch translation units name their configurations as
-//   using GluFwd = KernelConfig<KernelSpec{.block_n = 256, .a_major = Major::k, ..., .mainloop = Mainloop::bf16}>;
-// and an invalid combination stops at one of the static_asserts below with its reason.
+//   using Wgrad = KernelConfig<KernelSpec{.block_n = 256, .a_major = Major::mn, ..., .mainloop = Mainloop::bf16}>;
+// (launch.cuh m_grouped fills in the fields every m-grouped configuration shares), and an invalid
+// combination stops at one of the static_asserts below with its reason.
 #pragma once
 #include <type_traits>
 

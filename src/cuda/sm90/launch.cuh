@@ -84,60 +84,37 @@ void launch(const MLaunch& l, cudaStream_t stream) {
 // Every layer configuration runs CTA pairs along M that share the B tile by TMA multicast.
 inline constexpr int kPair = 2;
 
+// What varies between the m-grouped configurations of one mainloop.
+struct MGroupedShape {
+  int block_n;
+  Major b_major;  // B_e [N, K] (fprop): k; B_e [K, N] (dgrad): mn
+  Epi epi;
+};
+// An m-grouped configuration: K-major tokens, CTA pairs.
+template <Mainloop M>
+constexpr KernelSpec m_grouped(MGroupedShape s) {
+  return {.block_n = s.block_n,
+          .a_major = Major::k,
+          .b_major = s.b_major,
+          .grouping = Grouping::m,
+          .epi = s.epi,
+          .cluster = kPair,
+          .mainloop = M};
+}
+
 // The m-grouped configurations of the mainloops that read a BF16 B (Mainloop::bf16, Mainloop::mx_a):
 // store on B_e [N, K] (fprop) or [K, N] (dgrad), glu_forward (256 wide only: the a and b halves of 128
 // features), glu_backward; 256 or 128 wide. One instantiation per launch translation unit.
 template <Mainloop M>
 void launch_m_grouped(Epi epi, bool b_kn, bool wide, const MLaunch& l, cudaStream_t stream) {
-  using StoreKK = KernelConfig<KernelSpec{.block_n = kWideN,
-                                          .a_major = Major::k,
-                                          .b_major = Major::k,
-                                          .grouping = Grouping::m,
-                                          .epi = Epi::store,
-                                          .cluster = kPair,
-                                          .mainloop = M}>;
-  using StoreKMN = KernelConfig<KernelSpec{.block_n = kWideN,
-                                           .a_major = Major::k,
-                                           .b_major = Major::mn,
-                                           .grouping = Grouping::m,
-                                           .epi = Epi::store,
-                                           .cluster = kPair,
-                                           .mainloop = M}>;
-  using StoreKKNarrow = KernelConfig<KernelSpec{.block_n = kNarrowN,
-                                                .a_major = Major::k,
-                                                .b_major = Major::k,
-                                                .grouping = Grouping::m,
-                                                .epi = Epi::store,
-                                                .cluster = kPair,
-                                                .mainloop = M}>;
-  using StoreKMNNarrow = KernelConfig<KernelSpec{.block_n = kNarrowN,
-                                                 .a_major = Major::k,
-                                                 .b_major = Major::mn,
-                                                 .grouping = Grouping::m,
-                                                 .epi = Epi::store,
-                                                 .cluster = kPair,
-                                                 .mainloop = M}>;
-  using GluFwd = KernelConfig<KernelSpec{.block_n = kWideN,
-                                         .a_major = Major::k,
-                                         .b_major = Major::k,
-                                         .grouping = Grouping::m,
-                                         .epi = Epi::glu_forward,
-                                         .cluster = kPair,
-                                         .mainloop = M}>;
-  using GluBwd = KernelConfig<KernelSpec{.block_n = kWideN,
-                                         .a_major = Major::k,
-                                         .b_major = Major::mn,
-                                         .grouping = Grouping::m,
-                                         .epi = Epi::glu_backward,
-                                         .cluster = kPair,
-                                         .mainloop = M}>;
-  using GluBwdNarrow = KernelConfig<KernelSpec{.block_n = kNarrowN,
-                                               .a_major = Major::k,
-                                               .b_major = Major::mn,
-                                               .grouping = Grouping::m,
-                                               .epi = Epi::glu_backward,
-                                               .cluster = kPair,
-                                               .mainloop = M}>;
+  using StoreKK = KernelConfig<m_grouped<M>({.block_n = kWideN, .b_major = Major::k, .epi = Epi::store})>;
+  using StoreKMN = KernelConfig<m_grouped<M>({.block_n = kWideN, .b_major = Major::mn, .epi = Epi::store})>;
+  using StoreKKNarrow = KernelConfig<m_grouped<M>({.block_n = kNarrowN, .b_major = Major::k, .epi = Epi::store})>;
+  using StoreKMNNarrow = KernelConfig<m_grouped<M>({.block_n = kNarrowN, .b_major = Major::mn, .epi = Epi::store})>;
+  using GluFwd = KernelConfig<m_grouped<M>({.block_n = kWideN, .b_major = Major::k, .epi = Epi::glu_forward})>;
+  using GluBwd = KernelConfig<m_grouped<M>({.block_n = kWideN, .b_major = Major::mn, .epi = Epi::glu_backward})>;
+  using GluBwdNarrow =
+      KernelConfig<m_grouped<M>({.block_n = kNarrowN, .b_major = Major::mn, .epi = Epi::glu_backward})>;
   switch (epi) {
     case Epi::glu_forward:
       return launch<GluFwd>(l, stream);

@@ -121,7 +121,9 @@ struct MainloopFp8Block {
   }
 
   struct TileState {
-    float part[BN / 2];  // the k-block's partial sums (BLK_M/2,BLK_N) per consumer warp group
+    // The k-block's partial sums, (BLK_M/2,BLK_N) per consumer warp group. Left uninitialized (the
+    // kernel default-initializes TileState): each k-block's first wgmma overwrites it (scale-d 0).
+    float part[BN / 2];
   };
   static constexpr bool kWalksDummies = false;  // a dummy tile is drained
 

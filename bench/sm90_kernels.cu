@@ -1,16 +1,17 @@
 // Kernel benchmark of the sm90 grouped GEMMs: on one preset's shapes, times the configuration the
-// layer uses for each of its six GEMMs beside variants (CTA pairs sharing B by TMA multicast, the
-// other tile width, the same GEMM with a plain store epilogue) and checks that every variant writes
-// the same bytes as the layer's configuration (the accumulation order along K is the same in all of
-// them). It answers "where does the time go" questions in one GPU call; the layer-level comparison
-// with the peers is `mxmoe bench` + bench/peer_torch.py.
+// layer's plan uses for each of its six GEMMs beside the other tile width of the same family and the
+// same GEMM with a plain store epilogue, and checks that every variant writes the same bytes as the
+// plan's configuration (the accumulation order along K is the same in all of them). It answers "where
+// does the time go" questions in one GPU call; the layer-level comparison with the peers is
+// `mxmoe bench` + bench/peer_torch.py. Every row runs the library's own launch functions
+// (src/cuda/sm90/kernels.h: launch_gemm_m_bf16, launch_gemm_k) on the library's MLaunch / KLaunch of
+// the step (make_launch), so this file instantiates no kernel of its own.
 // Build: cmake -DMXMOE_BUILD_KERNEL_BENCH=ON ... ; Run: <build>/mxmoe_sm90_kernels [dsv3|qwen3-30b|gptoss-120b|mixtral] [skew]
 // Environment knobs (to find out why `mxmoe bench` times the same kernels slower than this):
 //   MXMOE_KB_DATA=bench   operands drawn as `mxmoe bench` draws them (uniform, weights scaled by
 //                         1/sqrt(fan-in)) instead of hashed values in +-1.7
 //   MXMOE_KB_POOL=1       buffers from the stream-ordered pool (cudaMallocAsync), as the library's
-//   MXMOE_KB_LAYER_ONLY=1 only the layer's configuration of each GEMM (no variants; "ew" keeps the
-//                         epilogue-warp variants of FC2 dgrad too)
+//   MXMOE_KB_LAYER_ONLY=1 only the plan's configuration of each GEMM (no variants)
 //   MXMOE_KB_ITERS=N      timed runs per variant (default 10)
 #include <cuda_runtime.h>
 
@@ -24,10 +25,11 @@
 #include <string>
 #include <vector>
 
+#include "mxmoe/numerics.h"
 #include "src/api/layer_steps.h"
+#include "src/cuda/common/workspace.h"
 #include "src/cuda/sm90/gemm_m_plan.h"
-#include "src/cuda/sm90/launch.cuh"
-#include "src/cuda/sm90/sm90_ops.h"
+#include "src/cuda/sm90/kernels.h"
 
 namespace mxmoe::cuda::sm90 {
 namespace {
@@ -66,7 +68,6 @@ bool env_on(const char* name) {
 }
 const bool g_pool = env_on("MXMOE_KB_POOL");
 const bool g_layer_only = env_on("MXMOE_KB_LAYER_ONLY");
-const bool g_layer_only_ew = std::getenv("MXMOE_KB_LAYER_ONLY") && std::strcmp(std::getenv("MXMOE_KB_LAYER_ONLY"), "ew") == 0;
 const bool g_bench_data = std::getenv("MXMOE_KB_DATA") && std::strcmp(std::getenv("MXMOE_KB_DATA"), "bench") == 0;
 const int g_iters = std::getenv("MXMOE_KB_ITERS") ? std::atoi(std::getenv("MXMOE_KB_ITERS")) : 10;
 
@@ -116,10 +117,6 @@ std::vector<uint8_t> snapshot(const Buf& b) {
   return h;
 }
 
-// The persistent grid of the variant being measured (CTAs = resident clusters x cluster size), set
-// by m_runner / k_runner and printed by measure(): a cluster size that leaves SMs idle shows here.
-int g_ctas = 0;
-
 struct Row {
   std::string gemm, variant;
   float ms;
@@ -132,8 +129,7 @@ std::vector<Row> rows;
 // reference) byte for byte.
 void measure(const std::string& gemm, const std::string& variant, double flops, const Buf& out,
              std::vector<uint8_t>& reference, const std::function<void()>& run) {
-  if (g_layer_only && variant.rfind("layer:", 0) != 0 && !(g_layer_only_ew && variant.find("BN192") != std::string::npos))
-    return;
+  if (g_layer_only && variant.rfind("layer:", 0) != 0) return;
   BENCH_CHECK(cudaMemset(out.p, 0xFF, out.bytes));
   run();
   BENCH_CHECK(cudaDeviceSynchronize());
@@ -142,34 +138,30 @@ void measure(const std::string& gemm, const std::string& variant, double flops, 
   else same = snapshot(out) == reference ? "yes" : "NO";
   const float ms = median_ms(run);
   rows.push_back({gemm, variant, ms, flops, same});
-  std::printf("  %-10s %-34s %8.3f ms %6.0f TFLOP/s  %3d CTAs  same bytes: %s\n", gemm.c_str(), variant.c_str(), ms,
-              flops / ms * 1e-9, g_ctas, same.c_str());
+  std::printf("  %-10s %-34s %8.3f ms %6.0f TFLOP/s  same bytes: %s\n", gemm.c_str(), variant.c_str(), ms,
+              flops / ms * 1e-9, same.c_str());
   std::fflush(stdout);
 }
 
-template <class Cfg>
-std::function<void()> m_runner(const detail::MGemmStep& s) {
-  g_ctas = resident_clusters<Cfg>() * Cfg::kCluster;
-  return [s] {
-    Workspace ws(gemm_m_workspace_bytes(s, Cfg::kBlockN), nullptr);
-    const MPlan plan = plan_gemm_m(s, Cfg::kBlockN, ws, nullptr);
-    launch<Cfg>(plan.params, plan.launch_tiles, plan.a, plan.b0, plan.b1, nullptr);
-    finish_gemm_m(s, plan, nullptr);
+// The BF16 m-grouped kernel of the step at tile width bn (kWideN or kNarrowN): its launch, then the
+// fixed-order reductions of glu_backward, as the plan's bf16_n256 / bf16_n128 run it.
+std::function<void()> m_runner(const detail::MGemmStep& s, int bn) {
+  return [s, bn] {
+    Workspace ws(gemm_m_workspace_bytes(s, bn), nullptr);
+    const MLaunch l = make_launch(s, bn, ws, nullptr);
+    launch_gemm_m_bf16(kernel_epi(s), s.gemm.b_kn, bn == kWideN, l, nullptr);
+    finish_gemm_m(s, l, nullptr);
   };
 }
 
-template <class Cfg>
+// The BF16 k-grouped kernel (the plan's only BF16 wgrad configuration, bf16_n256).
 std::function<void()> k_runner(const KGroupedGemmArgs& a) {
-  g_ctas = resident_clusters<Cfg>() * Cfg::kCluster;
   return [a] {
     Workspace ws(gemm_k_workspace_bytes(a), nullptr);
-    const KPlan plan = plan_gemm_k(a, Cfg::kBlockN, ws, nullptr);
-    launch<Cfg>(plan.params, plan.launch_tiles, plan.a, plan.b, plan.b, nullptr);
+    const KLaunch l = make_launch(a, kWideN, ws, nullptr);
+    launch_gemm_k(/*fp8_block=*/false, l, nullptr);
   };
 }
-
-using M = Major;
-using G = Grouping;
 
 int run(const Shape& sh, bool skew) {
   const int64_t H = sh.hidden, F = sh.ffn, E = sh.experts, T = sh.tokens;
@@ -220,23 +212,21 @@ int run(const Shape& sh, bool skew) {
   fc1_store.epilogue = detail::Epilogue::store;
   fc1_store.gemm.d = tv(c_store, DType::bf16, {T, 2 * F});
   std::vector<uint8_t> ref;
-  measure("fc1_fprop", "layer: glu_forward BN256", 4 * thf, a, ref, m_runner<KernelConfig<256, M::k, M::k, G::m, Epi::glu_forward, 2>>(fc1.gemm_m()));
-  measure("fc1_fprop", "glu_forward BN256, single CTAs", 4 * thf, a, ref, m_runner<KernelConfig<256, M::k, M::k, G::m, Epi::glu_forward>>(fc1.gemm_m()));
+  measure("fc1_fprop", "layer: glu_forward BN256", 4 * thf, a, ref, m_runner(fc1.gemm_m(), kWideN));
   std::vector<uint8_t> glu_ref = ref;
   ref.clear();
-  measure("fc1_fprop", "plain store of C, BN256", 4 * thf, c_store, ref, m_runner<KernelConfig<256, M::k, M::k, G::m, Epi::store>>(fc1_store));
+  measure("fc1_fprop", "plain store of C, BN256", 4 * thf, c_store, ref, m_runner(fc1_store, kWideN));
   detail::MGemmStep fc1_no_c = fc1.gemm_m();  // GLU output only (C not saved): what the C stores cost
   fc1_no_c.c = {};
-  measure("fc1_fprop", "glu_forward BN256, C not stored", 4 * thf, a, glu_ref, m_runner<KernelConfig<256, M::k, M::k, G::m, Epi::glu_forward>>(fc1_no_c));
+  measure("fc1_fprop", "glu_forward BN256, C not stored", 4 * thf, a, glu_ref, m_runner(fc1_no_c, kWideN));
 
   const detail::LayerStep fc2 = detail::fc2_fprop(prob, {.a = {.bf16 = tv(a, DType::bf16, {T, F})},
                                                          .w2 = {.data = {.dense = tv(w2, DType::bf16, {E, H, F})}},
                                                          .offsets = go, .probs = tv(probs, DType::f32, {T}),
                                                          .y = tv(y, DType::bf16, {T, H})});
   ref.clear();
-  measure("fc2_fprop", "layer: store BN256", 2 * thf, y, ref, m_runner<KernelConfig<256, M::k, M::k, G::m, Epi::store, 2>>(fc2.gemm_m()));
-  measure("fc2_fprop", "store BN256, single CTAs", 2 * thf, y, ref, m_runner<KernelConfig<256, M::k, M::k, G::m, Epi::store>>(fc2.gemm_m()));
-  measure("fc2_fprop", "store BN128", 2 * thf, y, ref, m_runner<KernelConfig<128, M::k, M::k, G::m, Epi::store>>(fc2.gemm_m()));
+  measure("fc2_fprop", "layer: store BN256", 2 * thf, y, ref, m_runner(fc2.gemm_m(), kWideN));
+  measure("fc2_fprop", "store BN128", 2 * thf, y, ref, m_runner(fc2.gemm_m(), kNarrowN));
 
   const detail::LayerStep d2 = detail::fc2_dgrad(prob, {.dy = {.bf16 = tv(dy, DType::bf16, {T, H})},
                                                         .w2 = {.data = {.dense = tv(w2, DType::bf16, {E, H, F})}},
@@ -248,24 +238,18 @@ int run(const Shape& sh, bool skew) {
   d2_store.epilogue = detail::Epilogue::store;
   d2_store.gemm.d = tv(da, DType::bf16, {T, F});
   ref.clear();
-  measure("fc2_dgrad", "layer: glu_backward BN256", 2 * thf, dc, ref, m_runner<KernelConfig<256, M::k, M::mn, G::m, Epi::glu_backward, 2>>(d2.gemm_m()));
-  measure("fc2_dgrad", "glu_backward BN256, single CTAs", 2 * thf, dc, ref, m_runner<KernelConfig<256, M::k, M::mn, G::m, Epi::glu_backward>>(d2.gemm_m()));
-  measure("fc2_dgrad", "glu_backward BN128", 2 * thf, dc, ref, m_runner<KernelConfig<128, M::k, M::mn, G::m, Epi::glu_backward>>(d2.gemm_m()));
-  // The epilogue handed to warps 1-3 of the producer warp group (Epi::glu_backward_ew), and the
-  // in-line epilogue at the same tile width, which separates the width from the hand-off.
-  measure("fc2_dgrad", "glu_backward BN192 pairs", 2 * thf, dc, ref, m_runner<KernelConfig<192, M::k, M::mn, G::m, Epi::glu_backward, 2>>(d2.gemm_m()));
-  measure("fc2_dgrad", "epilogue warps BN192 pairs", 2 * thf, dc, ref, m_runner<KernelConfig<192, M::k, M::mn, G::m, Epi::glu_backward_ew, 2>>(d2.gemm_m()));
-  measure("fc2_dgrad", "epilogue warps BN128 pairs", 2 * thf, dc, ref, m_runner<KernelConfig<128, M::k, M::mn, G::m, Epi::glu_backward_ew, 2>>(d2.gemm_m()));
+  measure("fc2_dgrad", "layer: glu_backward BN256", 2 * thf, dc, ref, m_runner(d2.gemm_m(), kWideN));
+  measure("fc2_dgrad", "glu_backward BN128", 2 * thf, dc, ref, m_runner(d2.gemm_m(), kNarrowN));
   ref.clear();
-  measure("fc2_dgrad", "plain store of dA, BN128", 2 * thf, da, ref, m_runner<KernelConfig<128, M::k, M::mn, G::m, Epi::store>>(d2_store));
-  measure("fc2_dgrad", "plain store of dA, BN256", 2 * thf, da, ref, m_runner<KernelConfig<256, M::k, M::mn, G::m, Epi::store>>(d2_store));
+  measure("fc2_dgrad", "plain store of dA, BN128", 2 * thf, da, ref, m_runner(d2_store, kNarrowN));
+  measure("fc2_dgrad", "plain store of dA, BN256", 2 * thf, da, ref, m_runner(d2_store, kWideN));
 
   const detail::LayerStep d1 = detail::fc1_dgrad(prob, {.dc = {.bf16 = tv(dc, DType::bf16, {T, 2 * F})},
                                                         .w1 = {.data = {.dense = tv(w1, DType::bf16, {E, 2 * F, H})}},
                                                         .offsets = go, .dx = tv(dx, DType::bf16, {T, H})});
   ref.clear();
-  measure("fc1_dgrad", "layer: store BN256", 4 * thf, dx, ref, m_runner<KernelConfig<256, M::k, M::mn, G::m, Epi::store, 2>>(d1.gemm_m()));
-  measure("fc1_dgrad", "store BN256, single CTAs", 4 * thf, dx, ref, m_runner<KernelConfig<256, M::k, M::mn, G::m, Epi::store>>(d1.gemm_m()));
+  measure("fc1_dgrad", "layer: store BN256", 4 * thf, dx, ref, m_runner(d1.gemm_m(), kWideN));
+  measure("fc1_dgrad", "store BN128", 4 * thf, dx, ref, m_runner(d1.gemm_m(), kNarrowN));
 
   {  // bf16 weight gradients (what `mxmoe bench` times by default, like the peers' autograd)
     const KGroupedGemmArgs w2g{.a = {.bf16 = tv(dy, DType::bf16, {T, H})}, .b = {.bf16 = tv(a, DType::bf16, {T, F})},
@@ -273,9 +257,9 @@ int run(const Shape& sh, bool skew) {
     const KGroupedGemmArgs w1g{.a = {.bf16 = tv(dc, DType::bf16, {T, 2 * F})}, .b = {.bf16 = tv(x, DType::bf16, {T, H})},
                                .offsets = go, .d = {.dense = tv(dw1, DType::bf16, {E, 2 * F, H})}, .accumulate = false};
     ref.clear();
-    measure("fc2_wgrad", "layer: BN256 bf16", 2 * thf, dw2, ref, k_runner<KernelConfig<256, M::mn, M::mn, G::k, Epi::wgrad, 2>>(w2g));
+    measure("fc2_wgrad", "layer: BN256 bf16", 2 * thf, dw2, ref, k_runner(w2g));
     ref.clear();
-    measure("fc1_wgrad", "layer: BN256 bf16", 4 * thf, dw1, ref, k_runner<KernelConfig<256, M::mn, M::mn, G::k, Epi::wgrad, 2>>(w1g));
+    measure("fc1_wgrad", "layer: BN256 bf16", 4 * thf, dw1, ref, k_runner(w1g));
   }
   for (bool acc : {false, true}) {
     const KGroupedGemmArgs w2g{.a = {.bf16 = tv(dy, DType::bf16, {T, H})}, .b = {.bf16 = tv(a, DType::bf16, {T, F})},
@@ -286,18 +270,14 @@ int run(const Shape& sh, bool skew) {
     // With beta 1 every run adds to the last one: compare only the beta-0 runs.
     ref.clear();
     std::vector<uint8_t> none;
-    measure("fc2_wgrad", "layer: BN256" + beta, 2 * thf, dw2, acc ? none : ref, k_runner<KernelConfig<256, M::mn, M::mn, G::k, Epi::wgrad, 2>>(w2g));
-    none.clear();
-    measure("fc2_wgrad", "BN256, single CTAs" + beta, 2 * thf, dw2, acc ? none : ref, k_runner<KernelConfig<256, M::mn, M::mn, G::k, Epi::wgrad>>(w2g));
+    measure("fc2_wgrad", "layer: BN256" + beta, 2 * thf, dw2, acc ? none : ref, k_runner(w2g));
     ref.clear(), none.clear();
-    measure("fc1_wgrad", "layer: BN256" + beta, 4 * thf, dw1, acc ? none : ref, k_runner<KernelConfig<256, M::mn, M::mn, G::k, Epi::wgrad, 2>>(w1g));
-    none.clear();
-    measure("fc1_wgrad", "BN256, single CTAs" + beta, 4 * thf, dw1, acc ? none : ref, k_runner<KernelConfig<256, M::mn, M::mn, G::k, Epi::wgrad>>(w1g));
+    measure("fc1_wgrad", "layer: BN256" + beta, 4 * thf, dw1, acc ? none : ref, k_runner(w1g));
   }
 
   int mismatches = 0;
   for (const Row& r : rows) mismatches += r.same == "NO";
-  std::printf("%s\n", mismatches ? "VARIANTS DIFFER from the layer's configuration" : "all variants write the same bytes");
+  std::printf("%s\n", mismatches ? "VARIANTS DIFFER from the plan's configuration" : "all variants write the same bytes");
   return mismatches ? 1 : 0;
 }
 

@@ -267,7 +267,7 @@ void finish_gemm_m(const detail::MGemmStep& s, const MLaunch& plan, cudaStream_t
   }
 }
 
-// The Mx::a GLU kernels quantize A / dC in their epilogue (MXFP8 row- and column-wise from the
+// The mx_a GLU kernels quantize A / dC in their epilogue (MXFP8 row- and column-wise from the
 // staged bf16 tile, src/cuda/common/mx_tile_quant.cuh) where the outputs are MXFP8, F is a multiple
 // of 32 and the data 16-byte aligned; otherwise the kernel writes bf16 and the quantizer reads it.
 bool fused_quantizing_epilogue(const detail::MGemmStep& s) {
@@ -283,7 +283,7 @@ namespace {
 
 enum class Route : uint8_t {
   bf16,         // BF16 A and B: the BF16 kernel
-  mx_regs,      // MXFP8 A converted to BF16 in registers (the Mx::a kernel); B the weights' bf16 copy
+  mx_regs,      // MXFP8 A converted to BF16 in registers (the mx_a kernel); B the weights' bf16 copy
   mx_dequant,   // MXFP8 A dequantized into a bf16 copy first; the BF16 kernel
   fp8_block,    // FP8 wgmma with promotion per 128 values of K (dgrad: on B transposed)
   fp8_dequant,  // fp8_blockwise with power-of-two scales: both operands dequantized (exact); the BF16 kernel
@@ -469,8 +469,6 @@ detail::StepPlan plan_gemm_m(const detail::MGemmStep& s, bool pow2_scales, const
 
 // ---- Running a plan ----
 
-namespace {
-
 Epi kernel_epi(const detail::MGemmStep& s) {
   switch (s.epilogue) {
     case detail::Epilogue::store: return Epi::store;
@@ -480,9 +478,11 @@ Epi kernel_epi(const detail::MGemmStep& s) {
   return Epi::store;
 }
 
+namespace {
+
 // One kernel over step s (every operand in the kernel's formats): schedule, launch, reductions.
-// mx: the MXFP8 outputs the Mx::a GLU epilogues quantize themselves.
-void run_kernel(const detail::MGemmStep& s, MKernel kernel, int bn, cudaStream_t stream, const MxOut& mx = {}) {
+// mx: the MXFP8 outputs the mx_a GLU epilogues quantize themselves.
+void run_kernel(const detail::MGemmStep& s, Mainloop kernel, int bn, cudaStream_t stream, const MxOut& mx = {}) {
   Workspace ws(gemm_m_workspace_bytes(s, bn), stream);
   MLaunch l = make_launch(s, bn, ws, stream);
   l.params.out_mx = mx;
@@ -492,7 +492,7 @@ void run_kernel(const detail::MGemmStep& s, MKernel kernel, int bn, cudaStream_t
 
 // The BF16 route at its default width: the fp8_dequant route's inner GEMM.
 void run_bf16_default(const detail::MGemmStep& s, void* stream) {
-  run_kernel(s, MKernel::bf16, wide_output(s) ? kWideN : kNarrowN, as_stream(stream));
+  run_kernel(s, Mainloop::bf16, wide_output(s) ? kWideN : kNarrowN, as_stream(stream));
 }
 
 // An fp8_blockwise step on the FP8-wgmma kernel; an FP8 output of glu_forward (A row-wise and in
@@ -524,13 +524,13 @@ void run_fp8_block(const detail::MGemmStep& s0, cudaStream_t stream) {
     s.gemm.b.dequantized = ExpertMatrices{};
     s.gemm.b_kn = false;
   }
-  run_kernel(s, MKernel::fp8_block, kBlkN, stream);
+  run_kernel(s, Mainloop::fp8_block, kBlkN, stream);
   if (has_quantized_outputs(s0)) quantize_outputs(s0, s.out_bf16, stream);
 }
 
 // The MXFP8 routes: B is the weights' exact bf16 copy (given, or dequantized here into workspace);
 // mx_dequant dequantizes A too and runs the BF16 kernel. GLU outputs in MXFP8 are quantized by the
-// Mx::a epilogue where it can (fused_quantizing_epilogue), else written in bf16 (to the step's bf16
+// mx_a epilogue where it can (fused_quantizing_epilogue), else written in bf16 (to the step's bf16
 // output, or a transient one) and quantized after, which gives the same bytes (docs/numerics.md
 // "Quantized value").
 void run_mx(const detail::MGemmStep& s0, bool dequantize_a, int bn, cudaStream_t stream) {
@@ -563,7 +563,7 @@ void run_mx(const detail::MGemmStep& s0, bool dequantize_a, int bn, cudaStream_t
   s.gemm.b.data.dense = TensorView::of(wb, DType::bf16, {experts, b_rows, b_cols}, g.b.data.dense.device);
   s.gemm.b.data.dtype = DType::bf16;
   s = with_bf16_output(s, tmp);
-  run_kernel(s, dequantize_a ? MKernel::bf16 : MKernel::mx_a, bn, stream, mx);
+  run_kernel(s, dequantize_a ? Mainloop::bf16 : Mainloop::mx_a, bn, stream, mx);
   if (quantize_after) quantize_outputs(s0, s.out_bf16, stream);
 }
 
@@ -583,7 +583,7 @@ void gemm_m(const detail::MGemmStep& s0, const detail::StepPlan& plan, void* str
       // BF16 operands; quantized outputs (none in the layer's bf16 recipe) through the quantizer.
       Workspace tmp(staged_output_bytes(s0), stream);
       const detail::MGemmStep s = with_bf16_output(s0, tmp);
-      run_kernel(s, MKernel::bf16, c->block_n, stream);
+      run_kernel(s, Mainloop::bf16, c->block_n, stream);
       if (has_quantized_outputs(s0)) quantize_outputs(s0, s.out_bf16, stream);
       return;
     }

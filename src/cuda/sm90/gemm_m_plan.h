@@ -40,7 +40,9 @@ void gemm_k(const KGroupedGemmArgs& a, const detail::StepPlan& plan, void* strea
 int64_t gemm_m_workspace_bytes(const detail::MGemmStep& s, int bn);
 MLaunch make_launch(const detail::MGemmStep& s, int bn, Workspace& ws, cudaStream_t stream);
 void finish_gemm_m(const detail::MGemmStep& s, const MLaunch& l, cudaStream_t stream);
-// The Mx::a epilogue quantizes the step's MXFP8 GLU outputs itself (else the quantizer reads bf16).
+// The kernel epilogue of a step's epilogue.
+Epi kernel_epi(const detail::MGemmStep& s);
+// The mx_a kernels' epilogue quantizes the step's MXFP8 GLU outputs itself (else the quantizer reads bf16).
 bool fused_quantizing_epilogue(const detail::MGemmStep& s);
 
 int64_t gemm_k_workspace_bytes(const KGroupedGemmArgs& a);

@@ -26,11 +26,11 @@ struct KLaunch {
   int64_t tiles = 0;
 };
 
-// Which mainloop an m-grouped launch runs (the A and B operands it reads from the ring).
-enum class MKernel : uint8_t {
-  bf16,       // BF16 A and B
-  mx_a,       // MXFP8 A (e4m3 + E8M0 scales, converted to BF16 fragments in registers), BF16 B
-  fp8_block,  // FP8 blockwise A and B (FP8 wgmma, promotion per 128 values of K)
+// Which mainloop a launch runs (the A and B operands it reads from the ring; kernel_config.cuh).
+enum class Mainloop : uint8_t {
+  bf16,       // BF16 A and B (mainloop_bf16.cuh)
+  mx_a,       // MXFP8 A (e4m3 + E8M0 scales, converted to BF16 fragments in registers), BF16 B (mainloop_mx.cuh)
+  fp8_block,  // FP8 blockwise A and B (FP8 wgmma, promotion per 128 values of K; mainloop_fp8_block.cuh)
 };
 
 // Tile shape: 128 rows (tokens, or the wgrad's M) by block_n columns, 64 values of K per stage
@@ -49,11 +49,11 @@ void launch_gemm_m_mx(Epi epi, bool b_kn, bool wide, const MLaunch& l, cudaStrea
 void launch_gemm_m_blk(Epi epi, const MLaunch& l, cudaStream_t stream);  // B_e [N, K], kBlkN wide
 
 // block_n: kWideN or kNarrowN (kBlkN for fp8_block).
-inline void launch_gemm_m(MKernel kernel, Epi epi, bool b_kn, int block_n, const MLaunch& l, cudaStream_t stream) {
+inline void launch_gemm_m(Mainloop kernel, Epi epi, bool b_kn, int block_n, const MLaunch& l, cudaStream_t stream) {
   switch (kernel) {
-    case MKernel::bf16: return launch_gemm_m_bf16(epi, b_kn, block_n == kWideN, l, stream);
-    case MKernel::mx_a: return launch_gemm_m_mx(epi, b_kn, block_n == kWideN, l, stream);
-    case MKernel::fp8_block: return launch_gemm_m_blk(epi, l, stream);
+    case Mainloop::bf16: return launch_gemm_m_bf16(epi, b_kn, block_n == kWideN, l, stream);
+    case Mainloop::mx_a: return launch_gemm_m_mx(epi, b_kn, block_n == kWideN, l, stream);
+    case Mainloop::fp8_block: return launch_gemm_m_blk(epi, l, stream);
   }
 }
 // fp8_block: FP8-blockwise operands transposed to token blocks; else BF16.

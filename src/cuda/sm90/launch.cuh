@@ -1,6 +1,7 @@
 // Launch of one sm90 kernel configuration: a persistent grid of clusters of Cfg::kCluster CTAs, as
 // many as can be resident at once, or fewer when there are fewer tiles (tiles_bound: an upper bound
-// of the output tiles; the kernel reads the real count on the device).
+// of the output tiles; the kernel reads the real count on the device). Included by the launch
+// translation units only: each instantiates its own family of configurations.
 #pragma once
 #include <mutex>
 #include <vector>
@@ -78,6 +79,54 @@ void launch(const KernelParams& p, int64_t tiles_bound, const CUtensorMap& a, co
 template <class Cfg>
 void launch(const MLaunch& l, cudaStream_t stream) {
   launch<Cfg>(l.params, l.tiles, l.a, l.b0, l.b1, stream);
+}
+
+// Every layer configuration runs CTA pairs along M that share the B tile by TMA multicast.
+inline constexpr int kPair = 2;
+
+// What varies between the m-grouped configurations of one mainloop.
+struct MGroupedShape {
+  int block_n;
+  Major b_major;  // B_e [N, K] (fprop): k; B_e [K, N] (dgrad): mn
+  Epi epi;
+};
+// An m-grouped configuration: K-major tokens, CTA pairs.
+template <Mainloop M>
+constexpr KernelSpec m_grouped(MGroupedShape s) {
+  return {.block_n = s.block_n,
+          .a_major = Major::k,
+          .b_major = s.b_major,
+          .grouping = Grouping::m,
+          .epi = s.epi,
+          .cluster = kPair,
+          .mainloop = M};
+}
+
+// The m-grouped configurations of the mainloops that read a BF16 B (Mainloop::bf16, Mainloop::mx_a):
+// store on B_e [N, K] (fprop) or [K, N] (dgrad), glu_forward (256 wide only: the a and b halves of 128
+// features), glu_backward; 256 or 128 wide. One instantiation per launch translation unit.
+template <Mainloop M>
+void launch_m_grouped(Epi epi, bool b_kn, bool wide, const MLaunch& l, cudaStream_t stream) {
+  using StoreKK = KernelConfig<m_grouped<M>({.block_n = kWideN, .b_major = Major::k, .epi = Epi::store})>;
+  using StoreKMN = KernelConfig<m_grouped<M>({.block_n = kWideN, .b_major = Major::mn, .epi = Epi::store})>;
+  using StoreKKNarrow = KernelConfig<m_grouped<M>({.block_n = kNarrowN, .b_major = Major::k, .epi = Epi::store})>;
+  using StoreKMNNarrow = KernelConfig<m_grouped<M>({.block_n = kNarrowN, .b_major = Major::mn, .epi = Epi::store})>;
+  using GluFwd = KernelConfig<m_grouped<M>({.block_n = kWideN, .b_major = Major::k, .epi = Epi::glu_forward})>;
+  using GluBwd = KernelConfig<m_grouped<M>({.block_n = kWideN, .b_major = Major::mn, .epi = Epi::glu_backward})>;
+  using GluBwdNarrow =
+      KernelConfig<m_grouped<M>({.block_n = kNarrowN, .b_major = Major::mn, .epi = Epi::glu_backward})>;
+  switch (epi) {
+    case Epi::glu_forward:
+      return launch<GluFwd>(l, stream);
+    case Epi::glu_backward:
+      return wide ? launch<GluBwd>(l, stream) : launch<GluBwdNarrow>(l, stream);
+    case Epi::store:
+      if (b_kn) return wide ? launch<StoreKMN>(l, stream) : launch<StoreKMNNarrow>(l, stream);
+      return wide ? launch<StoreKK>(l, stream) : launch<StoreKKNarrow>(l, stream);
+    case Epi::wgrad:
+      break;
+  }
+  throw Error("cuda_sm90", "internal: no m-grouped kernel for the wgrad epilogue");
 }
 
 }  // namespace mxmoe::cuda::sm90

@@ -22,19 +22,14 @@ enum class Epi : uint8_t {
   store,         // D[t, n] = acc (+ bias_e[n], or p_t * bias_e[n])
   glu_forward,   // C = acc + b1 -> bf16 [T, 2F]; A = p_t * act(a, b) -> bf16 [T, F]
   glu_backward,  // g = acc; dC = act'(C, g, p) -> bf16 [T, 2F]; dprob / db1 partials
-  // The same, with the epilogue handed to warps 1-3 of the producer warp group: the consumers write
-  // the fp32 accumulators to shared memory and go on to the next tile's mainloop (epilogue.cuh
-  // "Epilogue warps"). Kernel-bench variant, not yet in the layer.
-  glu_backward_ew,
   wgrad,         // D_e[m, n] = acc (+ D_e when accumulating into fp32)
 };
 
 // How the producer fetches B: one [BN, 64] box of B_e [N, K] (k_rows); the a and b halves of a GLU
 // tile as two [BN/2, 64] boxes (glu_halves / glu_interleave32: FC1 rows of features f0..f0+BN/2);
-// BN/64 boxes of [64 k, 64 n] from B_e [K, N] (mn_boxes).
-// MXFP8 weights: k_rows ([BN/2][64] bytes per half, 64-byte swizzle) or mn_halves ([64][BN/2] bytes
-// per half from B_e [K, N]).
-enum class BLoad : uint8_t { k_rows, glu_halves, glu_interleave32, mn_boxes, mn_halves };
+// BN/64 boxes of [64 k, 64 n] from B_e [K, N] (mn_boxes). FP8 blockwise: the same boxes of 128 e4m3
+// values of K (k_rows, glu_halves, glu_interleave32).
+enum class BLoad : uint8_t { k_rows, glu_halves, glu_interleave32, mn_boxes };
 
 struct KernelParams {
   GroupSchedule sched;    // group ranges; m-grouped: the linear 128-row m-tile table too
@@ -46,22 +41,14 @@ struct KernelParams {
   int64_t m = 0, n = 0;   // k-grouped D_e [m, n]; m-grouped n = the output width
   BLoad b_load = BLoad::k_rows;
 
-  // MXFP8 A (Fp8A kernels): e4m3 tokens through the A tensor map, their row-wise E8M0 scales here
+  // MXFP8 A (Mainloop::mx_a): e4m3 tokens through the A tensor map, their row-wise E8M0 scales here
   // (mxfp8_layout.h: row * cols + k-block, or the swizzled 128 x 4 tiles), cols = roundup(K/32, 4).
   const uint8_t* a_scales = nullptr;
   int32_t a_scale_cols = 0;
   int32_t a_k32 = 0;  // K / 32: scale columns past it are padding (any byte), read as 1
-  // MXFP8 B: expert e's scales at b_scales + e * b_scale_bytes; row-wise ([N, K], blocks along K:
-  // row * b_scale_cols + k-block, or swizzled) or column-wise ([K, N] with b_kn, blocks along K:
-  // k-block * b_scale_cols + n with b_scale_cols = roundup(N, 128), or swizzled over
-  // b_scale_rows = roundup(K/32, 4) block rows).
-  const uint8_t* b_scales = nullptr;
-  int64_t b_scale_bytes = 0;
-  int32_t b_scale_cols = 0, b_scale_rows = 0;
-  bool b_scale_swizzled = false;
   bool a_scale_swizzled = false;
 
-  // FP8 blockwise (Mx::blk kernels): A's f32 inverse scales MN-major [ceil(K/128)][a_sinv_pitch]
+  // FP8 blockwise (Mainloop::fp8_block): A's f32 inverse scales MN-major [ceil(K/128)][a_sinv_pitch]
   // (row r, k-block kb at kb * a_sinv_pitch + r); B's [E][b_nbs][b_kbs] (128x128 blocks of B_e
   // [N, K]); the 128-row blocks of B_e holding the tile's two column halves (glu_halves: the a and b
   // rows of W1 are F rows apart) come from b_load and ffn.
@@ -90,7 +77,7 @@ struct KernelParams {
   uint16_t* c_out = nullptr;       // glu_forward: bf16 [T, 2F] (optional)
   const uint16_t* c_in = nullptr;  // glu_backward: bf16 [T, 2F]
   uint16_t* out_bf16 = nullptr;    // A [T, F] or dC [T, 2F] (optional with out_mx)
-  MxOut out_mx;                    // Mx::a kernels: A or dC quantized by the epilogue (MXFP8 row / col)
+  MxOut out_mx;                    // mx_a kernels: A or dC quantized by the epilogue (MXFP8 row / col)
   float* ws_dprob = nullptr;       // glu_backward: (n_tiles, T) row partial sums
   float* ws_db1 = nullptr;         // glu_backward: (m-tiles, 2F) column partial sums
 };

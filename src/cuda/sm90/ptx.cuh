@@ -145,6 +145,11 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// ---- shared-memory operands ----
+// One [64][64] bf16 box (8 swizzle atoms of 1024 bytes): the unit of the TMA loads and of the MN-major
+// tiles below.
+inline constexpr int kBoxBytes = 64 * 64 * 2;
+
 // Shared-memory matrix descriptor for a 128-byte-swizzled tile (TMA SWIZZLE_128B, 1024-byte
 // aligned atoms). Fields in 16-byte units: start address, leading byte offset (LBO), stride byte
 // offset (SBO); layout type 1 = 128B swizzle (bits 62-63).
@@ -159,6 +164,24 @@ __device__ __forceinline__ uint64_t smem_desc_sw128(const void* p, uint32_t lbo_
   d |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32;
   d |= static_cast<uint64_t>(1) << 62;
   return d;
+}
+
+// Plain shared-memory loads through 32-bit shared-window addresses (scales staged by the loaders,
+// FP8 A fragments).
+__device__ __forceinline__ float lds_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ float2 lds_f32x2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint32_t lds_u16(uint32_t addr) {
+  uint16_t v;
+  asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(addr));
+  return v;
 }
 
 // ---- warp-group roles ----

@@ -31,7 +31,7 @@ void quantize_outputs(const detail::MGemmStep& s, const TensorView& bf16, void* 
 // `stream` first (the kernel writes the scales of real blocks only; padding must read 0).
 MxOut fused_mx_outputs(const detail::MGemmStep& s, void* stream);
 
-// src/cuda/quant/fp8_block.cu: FP8 blockwise (recipe fp8_blockwise). quantize and quantize_experts
+// src/cuda/quant/fp8_block_*.cu: FP8 blockwise (recipe fp8_blockwise). quantize and quantize_experts
 // above hand fp8_block outputs to the first two. The GEMM steps on fp8_block operands dequantize them
 // to bf16 (exact for power-of-two scales, the only ones the probes let through) and run `bf16_gemm`,
 // a backend's BF16 kernel, with the same epilogue; fp8_block activation outputs are quantized from
@@ -61,8 +61,9 @@ void gemm_k(const KGroupedGemmArgs& a, void* stream);
 detail::StepPlan plan_gemm_m(const detail::MGemmStep& s);
 detail::StepPlan plan_gemm_k(const KGroupedGemmArgs& a);
 void fc2_bias_grads(const detail::Fc2BiasGradStep& s, void* stream);
-// src/cuda/portable/permute.cu: token routing (a stable counting sort of the top-k ids on the
-// device), the row scatter and the fp32 slot-order gather-sum (docs/kernels/permute.md).
+// src/cuda/portable/permute_route*.cu, permute_move.cu, unpermute.cu: token routing (a stable
+// counting sort of the top-k ids on the device), the row scatter and the fp32 slot-order gather-sum
+// (docs/kernels/permute.md).
 void route_tokens(const detail::RouteTokensStep& s, void* stream);
 void permute_rows(const PermuteByMapArgs& a, void* stream);
 // permute_tokens: route_tokens then permute_rows, the move chained on the routing (sm_90+).

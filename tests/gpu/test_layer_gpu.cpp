@@ -48,7 +48,7 @@ std::vector<GpuCase> cases() {
     v.push_back({"all_empty", problem(128, 64, 3, r, Activation::swiglu, GluLayout::halves, true), {0, 0, 0}});
     v.push_back({"single_token", problem(128, 64, 2, r, Activation::clamped_swiglu, GluLayout::halves, false), {0, 1}});
   }
-  // fp8_blockwise with power-of-two scales (its GPU GEMMs take only those; src/cuda/quant/fp8_block.cu).
+  // fp8_blockwise with power-of-two scales (its GPU GEMMs take only those; src/cuda/quant/fp8_block_gemm.cu).
   auto fp8 = [](Problem p) {
     p.recipe = Recipe::fp8_blockwise;
     p.pow2_scales = true;

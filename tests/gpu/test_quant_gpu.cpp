@@ -558,7 +558,7 @@ TEST_P(GpuQuant, QuantizeBandwidthOnALargeInput) {
 #endif
 }
 
-// ---- FP8 blockwise (recipe fp8_blockwise; src/cuda/quant/fp8_block.cu vs src/cpu/fp8_block.cpp) ----
+// ---- FP8 blockwise (recipe fp8_blockwise; src/cuda/quant/fp8_block_quantize.cu vs src/cpu/fp8_block.cpp) ----
 
 #if defined(MXMOE_WITH_CUDA)
 // Rows (1x128) and token blocks (128 rows per group) of fresh input, both scale options, bit-exact

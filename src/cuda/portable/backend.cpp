@@ -1,5 +1,5 @@
 // Registry entry of cuda_portable: every step on any GPU from sm_80 (mma.sync kernels in this
-// folder, quantizers in src/cuda/quant/, token permute / unpermute in permute.cu).
+// folder, quantizers in src/cuda/quant/, token permute / unpermute in permute_*.cu and unpermute.cu).
 #include "src/cuda/common/device_facts.h"
 #include "src/cuda/cuda_ops.h"
 #include "src/cuda/permute_quantize.h"
@@ -20,7 +20,7 @@ class CudaPortableBackend final : public detail::Backend {
   // Every step, every shape the entry points accept (the permute steps too: any E, T, K and H), in
   // the bf16 and mxfp8 recipes.
   // fp8_blockwise GEMMs run through the BF16 kernels on dequantized operands, exact only with
-  // power-of-two scales (src/cuda/quant/fp8_block.cu).
+  // power-of-two scales (src/cuda/quant/fp8_block_gemm.cu).
   detail::Probe probe(const detail::StepQuery& q) const override {
     const bool gemm = q.step == detail::Step::gemm_m || q.step == detail::Step::gemm_k;
     if (q.recipe == Recipe::fp8_blockwise && gemm && !q.pow2_scales)

@@ -28,7 +28,7 @@ detail::StepPlan plan_gemm_k(const KGroupedGemmArgs& a) {
 }
 
 void gemm_k(const KGroupedGemmArgs& a, void* stream_ptr) {
-  // FP8 blockwise: through these BF16 kernels (src/cuda/quant/fp8_block.cu).
+  // FP8 blockwise: through these BF16 kernels (src/cuda/quant/fp8_block_gemm.cu).
   if (a.a.mx.data.rank > 0 && a.a.mx.format == QuantFormat::fp8_block)
     return gemm_k_fp8_block(a, stream_ptr, &portable::gemm_k);
   const cudaStream_t stream = as_stream(stream_ptr);

@@ -77,7 +77,7 @@ detail::StepPlan plan_gemm_m(const detail::MGemmStep& s) {
 }
 
 void gemm_m(const detail::MGemmStep& s, void* stream_ptr) {
-  // FP8 blockwise: through these BF16 kernels (src/cuda/quant/fp8_block.cu).
+  // FP8 blockwise: through these BF16 kernels (src/cuda/quant/fp8_block_gemm.cu).
   if (s.gemm.a.mx.data.rank > 0 && s.gemm.a.mx.format == QuantFormat::fp8_block)
     return gemm_m_fp8_block(s, stream_ptr, &portable::gemm_m);
   const cudaStream_t stream = as_stream(stream_ptr);

@@ -45,7 +45,7 @@ std::string epilogue_refusal(const detail::MGemmStep& s, bool quantized_out) {
 }  // namespace
 
 // FP8 blockwise (pow2 scales; the probe refuses fp32 ones): the step runs as the BF16 step on
-// dequantized operands (src/cuda/quant/fp8_block.cu), in stream-ordered workspace that is 16-byte
+// dequantized operands (src/cuda/quant/fp8_block_gemm.cu), in stream-ordered workspace that is 16-byte
 // aligned, so only the shapes and the epilogue's orientation decide.
 std::string fp8_block_refusal(const detail::MGemmStep& s) {
   const MGroupedGemmArgs& g = s.gemm;

@@ -54,7 +54,7 @@ ExpertOperand bf16_operand(const ExpertMatrices& w) { return ExpertOperand{w, {}
 
 // ---- MXFP8 weights kept only as a bf16 copy ----
 // Where the plan of a weight's GEMM reads the weights' bf16 copy alone (WeightForm::bf16_copy: a
-// backend whose MXFP8 GEMMs compute in BF16 on the exact dequantized weights, such as cuda_sm90),
+// backend whose MXFP8 GEMMs compute in BF16 on the exact dequantized weights),
 // the weight is kept as that copy alone (make_expert_copy_only): quantized in the call straight into
 // a copy made just before its quantize step and freed after its GEMM (PlannedSteps::add_weight_copy;
 // one copy alive at a time, as a GEMM that dequantizes an FP8 copy holds its transient one), or

@@ -63,7 +63,7 @@ struct OwnedExpertMxfp8 {
   // Allocates the bf16 copy of the dequantized values that quantize_from() then also fills.
   void add_bf16_copy(const Options& o, Device d);
   // fp8_block: allocates the transposed copy ([E, cols, rows] and its block scales) that
-  // quantize_from() then also fills (cuda_sm90's FP8 dgrad reads it).
+  // quantize_from() then also fills (where a dgrad's plan reads WeightForm::transposed).
   void add_transposed_copy(const Options& o, Device d);
   // The quantize_experts arguments that fill this copy (and its bf16 copy and transpose, if any)
   // from `src`.

@@ -22,7 +22,7 @@ Problem problem_of(Recipe r) {
   return p;
 }
 
-const StepRecord& step_named(const std::vector<StepRecord>& steps, const std::string& name) {
+StepRecord step_named(const std::vector<StepRecord>& steps, const std::string& name) {
   for (const StepRecord& r : steps)
     if (r.step == name) return r;
   throw std::runtime_error("no step " + name);
@@ -35,7 +35,7 @@ TEST(Plan, CpuTargetPlansEveryStepOnTheCpuWithItsLaunches) {
     detail::set_planning_target(ctx, "cpu");
     const detail::LayerPlan plan = detail::plan_layer(ctx, problem_of(r), 512, Device{}, /*prepared=*/true);
     for (const char* s : {"fc1_fprop", "fc2_fprop", "fc2_dgrad", "fc1_dgrad", "fc2_wgrad", "fc1_wgrad"}) {
-      const StepRecord& rec = step_named(plan.steps, s);
+      const StepRecord rec = step_named(plan.steps, s);
       EXPECT_EQ(rec.backend, "cpu") << s;
       EXPECT_EQ(rec.config, "default") << s;
       EXPECT_FALSE(rec.launches.empty()) << s;

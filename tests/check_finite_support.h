@@ -11,7 +11,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/layer_support.h"
+#include "tests/nonfinite_support.h"
 
 namespace mxmoe::test {
 
@@ -43,12 +43,7 @@ inline const std::vector<FiniteCase>& finite_cases() {
 }
 
 inline Problem finite_problem(Recipe recipe, Device device, WeightLayout layout = WeightLayout::dense) {
-  Problem p;
-  p.hidden = 256;
-  p.ffn = 128;
-  p.experts = 3;
-  p.recipe = recipe;
-  p.pow2_scales = recipe == Recipe::fp8_blockwise && device.type == DeviceType::cuda;  // any GPU serves these
+  Problem p = nonfinite_problem(recipe, device);
   p.fc1_bias = p.fc2_bias = true;
   p.weight_layout = layout;
   return p;

@@ -75,6 +75,8 @@ TEST(GpuCheckFinite, RefusedWhileTheStreamIsCaptured) {
   const LayerData d = make_layer_data(p, {7, 0, 9});
   Arena m{kGpu0, {}};
   FiniteCall call = finite_call(m, d);
+  forward(ctx, p, call.fa);  // eager: checked and run (device facts and kernels loaded before capture)
+  cuda_ok(cudaStreamSynchronize(stream));
   cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   std::string what;
   try {

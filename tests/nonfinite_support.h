@@ -18,18 +18,25 @@ inline int nonfinite_in_row(const HostTensor& out, int64_t t, int64_t H) {
   return n;
 }
 
+// The problem of the non-finite suites (this one and check_finite_support.h): H = 256, F = 128,
+// E = 3; fp8_blockwise with power-of-two scales on a GPU, where any backend serves those.
+inline Problem nonfinite_problem(Recipe recipe, Device device) {
+  Problem p;
+  p.hidden = 256;
+  p.ffn = 128;
+  p.experts = 3;
+  p.recipe = recipe;
+  p.pow2_scales = recipe == Recipe::fp8_blockwise && device.type == DeviceType::cuda;
+  return p;
+}
+
 // x[row, col] = `bits` (a bf16 NaN, +-Inf, or a finite value so large the fp32 math overflows):
 // y[row] holds a non-finite value, and dx[row] too when x itself held one (the backward of a finite
 // x reads the finite saved C, where the forward's overflow was only in the activation's product);
 // every other row of y is finite.
 inline void expect_nonfinite_kept(Context& ctx, Device device, Recipe recipe, uint16_t bits, const char* what) {
   SCOPED_TRACE(std::string(to_string(recipe)) + ", x holds " + what);
-  Problem p;
-  p.hidden = 256;
-  p.ffn = 128;
-  p.experts = 3;
-  p.recipe = recipe;
-  p.pow2_scales = recipe == Recipe::fp8_blockwise && device.type == DeviceType::cuda;  // any GPU serves these
+  const Problem p = nonfinite_problem(recipe, device);
   const std::vector<int> sizes = {7, 0, 9};
   LayerData d = make_layer_data(p, sizes);
   const int64_t row = 9, H = p.hidden, T = d.tokens;

@@ -78,6 +78,12 @@ typedef struct mxmoe_options {
   mxmoe_alloc_fn alloc;
   mxmoe_free_fn free;
   void* alloc_user;
+  /* Appended (read when struct_size covers it, else 0): nonzero scans the inputs for NaN and +-Inf
+   * before anything is written (Options::check_finite): forward's x, probs, w1, w2, b1, b2, backward's
+   * dy, mxmoe_prepare_weights' w1 and w2. The first one is MXMOE_ERROR_INVALID_ARGUMENT whose message
+   * names the tensor, its coordinates and the value. On CUDA it synchronises the stream, and is an
+   * error while the stream is being captured into a CUDA graph. */
+  int32_t check_finite;
 } mxmoe_options;
 
 /* Weights or weight grads of one FC: dense [E, out, in], or an i64 [E] table of addresses of

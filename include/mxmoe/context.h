@@ -44,6 +44,13 @@ struct Options {
   void* stream = nullptr;
   Allocator allocator{};
   std::vector<StepOverride> overrides;
+  // Scan the inputs for NaN and +-Inf before anything is written (docs/numerics.md "Non-finite
+  // values"): forward's x, probs, w1, w2, b1, b2 (those given), backward's dy, prepare_weights' w1
+  // and w2. The first non-finite value is an mxmoe::Error whose argument is the tensor ("x", "w1",
+  // ...) and whose message gives its coordinates and NaN / +Inf / -Inf. Off by default. On CUDA it
+  // reads one result back to the host: it synchronises the stream, and a call made while the stream
+  // is captured into a CUDA graph is an Error naming "options.check_finite".
+  bool check_finite = false;
 };
 
 // One kernel or memory operation of a step, in the order the step enqueues them.

@@ -78,11 +78,12 @@ def _grouped_mlp_prepare_weights(w1, w2, recipe, activation, limit, alpha, linea
     return torch.classes.mxmoe.PreparedWeights()
 
 
-# `prepared` (the layer ops' optional last argument) changes no shape: the fake kernels take it and
-# never read it (the class's tracing_mode is "real", so fake-tensor tracing hands over the object).
+# `prepared` and `check_finite` (the layer ops' optional last arguments) change no shape: the fake
+# kernels take them and never read them (the class's tracing_mode is "real", so fake-tensor tracing
+# hands over the object).
 @torch.library.register_fake("mxmoe::grouped_mlp_forward")
 def _grouped_mlp_forward(x, offsets, probs, w1, b1, w2, b2, recipe, activation, limit, alpha, linear_offset,
-                         glu_layout, scale_fc2_bias, prepared=None):
+                         glu_layout, scale_fc2_bias, prepared=None, check_finite=False):
     _layer_devices("grouped_mlp_forward", x, None, None, offsets, probs, w1, b1, w2, b2)
     E, F, H = _dims(w1)
     T = x.shape[0]
@@ -92,7 +93,7 @@ def _grouped_mlp_forward(x, offsets, probs, w1, b1, w2, b2, recipe, activation, 
 @torch.library.register_fake("mxmoe::grouped_mlp_forward_prequantized")
 def _grouped_mlp_forward_prequantized(x_row, x_row_scales, x_col, x_col_scales, offsets, probs, w1, b1, w2, b2, recipe,
                                       activation, limit, alpha, linear_offset, glu_layout, scale_fc2_bias,
-                                      prepared=None):
+                                      prepared=None, check_finite=False):
     _layer_devices("grouped_mlp_forward_prequantized", x_row, None, None, offsets, probs, w1, b1, w2, b2,
                    ("x_row_scales", x_row_scales), ("x_col", x_col), ("x_col_scales", x_col_scales))
     E, F, H = _dims(w1)
@@ -113,7 +114,7 @@ def _backward_common(dy, saved, w1, recipe, defer_wgrad):
 
 @torch.library.register_fake("mxmoe::grouped_mlp_backward")
 def _grouped_mlp_backward(dy, saved, x, offsets, probs, w1, b1, w2, b2, recipe, activation, limit, alpha,
-                          linear_offset, glu_layout, scale_fc2_bias, defer_wgrad, prepared=None):
+                          linear_offset, glu_layout, scale_fc2_bias, defer_wgrad, prepared=None, check_finite=False):
     _layer_devices("grouped_mlp_backward", x, dy, saved, offsets, probs, w1, b1, w2, b2)
     E, F, H, dx, dprobs, deferred = _backward_common(dy, saved, w1, recipe, defer_wgrad)
     bf = torch.bfloat16
@@ -127,7 +128,7 @@ def _grouped_mlp_backward(dy, saved, x, offsets, probs, w1, b1, w2, b2, recipe, 
 @torch.library.register_fake("mxmoe::grouped_mlp_backward_")
 def _grouped_mlp_backward_(dy, saved, x, offsets, probs, w1, b1, w2, b2, recipe, activation, limit, alpha,
                            linear_offset, glu_layout, scale_fc2_bias, defer_wgrad, main_grad_w1, main_grad_w2,
-                           main_grad_b1, main_grad_b2, deferred, prepared=None):
+                           main_grad_b1, main_grad_b2, deferred, prepared=None, check_finite=False):
     _layer_devices("grouped_mlp_backward_", x, dy, saved, offsets, probs, w1, b1, w2, b2,
                    ("main_grad_w1", main_grad_w1), ("main_grad_w2", main_grad_w2), ("main_grad_b1", main_grad_b1),
                    ("main_grad_b2", main_grad_b2), ("deferred", deferred))

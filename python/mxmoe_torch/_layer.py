@@ -144,8 +144,8 @@ class _WgradSink:
 
 class _GroupedMLPFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, offsets, probs, w1, b1, w2, b2, config, sink, prepared):
-        y, saved = _ops.grouped_mlp_forward(x, offsets, probs, w1, b1, w2, b2, *config, prepared)
+    def forward(ctx, x, offsets, probs, w1, b1, w2, b2, config, sink, prepared, check_finite):
+        y, saved = _ops.grouped_mlp_forward(x, offsets, probs, w1, b1, w2, b2, *config, prepared, check_finite)
         # The mxfp8 backward reads X only through its column-wise MXFP8 copy: x is not kept.
         keep_x = x if config[0] == "bf16" else None
         ctx.save_for_backward(keep_x, offsets, probs, w1, b1, w2, b2, *saved)
@@ -154,25 +154,27 @@ class _GroupedMLPFunction(torch.autograd.Function):
         # The prepared weights of this forward's w1 and w2 (or None): backward reads their
         # column-wise copies. Kept here, they outlive a rebuild or release of the module's cache.
         ctx.prepared = prepared
+        ctx.check_finite = check_finite
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, offsets, probs, w1, b1, w2, b2, *saved = ctx.saved_tensors
         dx, dprobs, dw1, dw2, db1, db2 = _layer_backward(dy, saved, (x, offsets, probs, w1, b1, w2, b2), ctx.config,
-                                                         ctx.sink, ctx.prepared)
-        return dx, None, dprobs, dw1, db1, dw2, db2, None, None, None
+                                                         ctx.sink, ctx.prepared, ctx.check_finite)
+        return dx, None, dprobs, dw1, db1, dw2, db2, None, None, None, None
 
 
-def _layer_backward(dy, saved, inputs, config, sink, prepared):
+def _layer_backward(dy, saved, inputs, config, sink, prepared, check_finite):
     """The layer's backward (both autograd Functions): (dx, dprobs, dw1, dw2, db1, db2), None for an
     absent bias and for weight gradients the eager-only modes put elsewhere."""
     dy = dy.contiguous()
     b1, b2 = inputs[4], inputs[6]
     if sink is None:
-        dx, dprobs, dw1, dw2, db1, db2, _ = _ops.grouped_mlp_backward(dy, saved, *inputs, *config, False, prepared)
+        dx, dprobs, dw1, dw2, db1, db2, _ = _ops.grouped_mlp_backward(dy, saved, *inputs, *config, False, prepared,
+                                                                      check_finite)
     else:
-        dx, dprobs, dw1, dw2, db1, db2 = _sink_backward(sink, dy, saved, inputs, config, prepared)
+        dx, dprobs, dw1, dw2, db1, db2 = _sink_backward(sink, dy, saved, inputs, config, prepared, check_finite)
     return dx, dprobs, dw1, dw2, db1 if b1 is not None else None, db2 if b2 is not None else None
 
 
@@ -194,20 +196,22 @@ class _PermutedGroupedMLPFunction(torch.autograd.Function):
     scale). Returns (permuted_y [R, H] bf16, row_map [T, K])."""
 
     @staticmethod
-    def forward(ctx, x, expert_ids, probs, w1, b1, w2, b2, experts, capacity, config, sink, prepared):
+    def forward(ctx, x, expert_ids, probs, w1, b1, w2, b2, experts, capacity, config, sink, prepared, check_finite):
         offsets, row_map, permuted_probs, _, x_row, x_row_scales, x_col, x_col_scales = _ops.permute_tokens_mxfp8(
             x, expert_ids, probs, experts, capacity, capacity >= 0)
         if capacity >= 0:
             rows = x_row.shape[0]
             offsets = torch.cat([offsets[:-1], torch.full((1,), rows, dtype=offsets.dtype, device=offsets.device)])
         y, saved = _ops.grouped_mlp_forward_prequantized(x_row, x_row_scales, x_col, x_col_scales, offsets,
-                                                         permuted_probs, w1, b1, w2, b2, *config, prepared)
+                                                         permuted_probs, w1, b1, w2, b2, *config, prepared,
+                                                         check_finite)
         # The backward's saved list: [c, x_col, x_col_scales, a_col, a_col_scales] (x_col is the permute's).
         saved = [saved[0], x_col, x_col_scales, *saved[1:]]
         ctx.save_for_backward(row_map, offsets, permuted_probs, w1, b1, w2, b2, *saved)
         ctx.config = config
         ctx.sink = sink
         ctx.prepared = prepared
+        ctx.check_finite = check_finite
         ctx.mark_non_differentiable(row_map)
         return y, row_map
 
@@ -216,9 +220,9 @@ class _PermutedGroupedMLPFunction(torch.autograd.Function):
         from ._permute import _gather_sum  # _permute imports nothing of this module; late to keep it so
         row_map, offsets, probs, w1, b1, w2, b2, *saved = ctx.saved_tensors
         d_permuted_x, d_permuted_probs, dw1, dw2, db1, db2 = _layer_backward(
-            dy, saved, (None, offsets, probs, w1, b1, w2, b2), ctx.config, ctx.sink, ctx.prepared)
+            dy, saved, (None, offsets, probs, w1, b1, w2, b2), ctx.config, ctx.sink, ctx.prepared, ctx.check_finite)
         dx, dprobs = _gather_sum(d_permuted_x, row_map, d_permuted_probs, True)
-        return dx, None, dprobs, dw1, db1, dw2, db2, None, None, None, None, None
+        return dx, None, dprobs, dw1, db1, dw2, db2, None, None, None, None, None, None
 
 
 def _main_grad(param, name):
@@ -229,7 +233,7 @@ def _main_grad(param, name):
     return grad
 
 
-def _sink_backward(sink, dy, saved, inputs, config, prepared):
+def _sink_backward(sink, dy, saved, inputs, config, prepared, check_finite):
     m = sink.module
     defer = m.delay_wgrad_compute
     x, offsets, probs, w1, b1, w2, b2 = inputs
@@ -238,11 +242,12 @@ def _sink_backward(sink, dy, saved, inputs, config, prepared):
               _main_grad(m.b1, "b1") if b1 is not None else None, _main_grad(m.b2, "b2") if b2 is not None else None]
         E, F, H = w1.shape[0], w2.shape[2], w2.shape[1]
         deferred = deferred_buffers(dy, config[0], saved[0].shape[0], E, F, H) if defer else []
-        dx, dprobs = _ops.grouped_mlp_backward_(dy, saved, *inputs, *config, defer, *mg, deferred, prepared)
+        dx, dprobs = _ops.grouped_mlp_backward_(dy, saved, *inputs, *config, defer, *mg, deferred, prepared,
+                                                check_finite)
         dw1 = dw2 = db1 = db2 = None
     else:
         dx, dprobs, dw1, dw2, db1, db2, deferred = _ops.grouped_mlp_backward(dy, saved, *inputs, *config, defer,
-                                                                             prepared)
+                                                                             prepared, check_finite)
     if defer:
         dw1 = dw2 = None
         # saved[0] (C) is not needed by the wgrad: only the operands travel.
@@ -333,11 +338,19 @@ class GroupedMLP(nn.Module):
     are bit-identical with and without. Updates that bypass both (`w1.data.copy_(...)`, a collective
     writing the storage, an optimizer outside torch.optim) are not seen: release after them, or pass
     False.
+
+    check_finite: scan x, probs, the weights and biases (forward) and dy (backward) for NaN and Inf
+    before anything is written; the first one raises a RuntimeError naming the tensor, the value's
+    coordinates and NaN / +Inf / -Inf (the library's Options::check_finite). Off by default: a
+    non-finite input then propagates (docs/numerics.md "Non-finite values"). On CUDA each call then
+    synchronises the stream, and a call while capturing a CUDA graph raises. A plain attribute: set
+    `module.check_finite` to turn it on or off later.
     """
 
     def __init__(self, hidden, ffn, experts, activation="swiglu", glu_layout="halves", bias=False, recipe="mxfp8", *,
                  scale_fc2_bias=False, limit=7.0, alpha=1.702, linear_offset=1.0, accumulate_into_main_grad=False,
-                 delay_wgrad_compute=False, cache_prepared_weights=True, device=None, dtype=torch.bfloat16):
+                 delay_wgrad_compute=False, cache_prepared_weights=True, check_finite=False, device=None,
+                 dtype=torch.bfloat16):
         super().__init__()
         hidden, ffn, experts, limit, alpha, linear_offset = _validate_config(
             hidden, ffn, experts, activation, glu_layout, bias, recipe, scale_fc2_bias, limit, alpha, linear_offset,
@@ -349,6 +362,9 @@ class GroupedMLP(nn.Module):
         if not isinstance(cache_prepared_weights, bool):
             raise TypeError(f"mxmoe: GroupedMLP: cache_prepared_weights must be a bool, got {cache_prepared_weights!r}")
         self.cache_prepared_weights = cache_prepared_weights
+        if not isinstance(check_finite, bool):
+            raise TypeError(f"mxmoe: GroupedMLP: check_finite must be a bool, got {check_finite!r}")
+        self.check_finite = check_finite
         self._prepared = _PreparedCache()
         kw = {"device": device, "dtype": dtype}
         self.w1 = nn.Parameter(torch.empty(experts, 2 * ffn, hidden, **kw))
@@ -420,7 +436,7 @@ class GroupedMLP(nn.Module):
             probs = torch.ones(x.shape[0], dtype=torch.float32, device=x.device)
         return _GroupedMLPFunction.apply(x.to(torch.bfloat16), offsets.to(torch.int32), probs.to(torch.float32),
                                          self.w1, self.b1, self.w2, self.b2, self.config, self._eager_sink(),
-                                         self._prepared_weights())
+                                         self._prepared_weights(), self.check_finite)
 
     def _eager_sink(self):
         return self._sink if self.accumulate_into_main_grad or self.delay_wgrad_compute else None
@@ -434,7 +450,8 @@ class GroupedMLP(nn.Module):
         if self.recipe != "mxfp8":
             raise ValueError(f"mxmoe: GroupedMLP: the fused permute needs recipe='mxfp8', got {self.recipe!r}")
         return _PermutedGroupedMLPFunction.apply(x, expert_ids, probs, self.w1, self.b1, self.w2, self.b2, experts,
-                                                 capacity, self.config, self._eager_sink(), self._prepared_weights())
+                                                 capacity, self.config, self._eager_sink(), self._prepared_weights(),
+                                                 self.check_finite)
 
     def backward_dw(self):
         """Runs the weight gradients that delay_wgrad_compute deferred, oldest first."""

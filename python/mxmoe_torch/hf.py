@@ -274,11 +274,12 @@ def experts_forward(module, hidden_states, top_k_index, top_k_weights, *, recipe
     if recipe == "mxfp8":
         # The permute writes the rows as MXFP8 that the layer reads (no bf16 permuted copy of x).
         permuted_y, row_map = _PermutedGroupedMLPFunction.apply(x, ids, probs, w1, b1, w2, b2, layout.experts, -1,
-                                                                config, None, prepared)
+                                                                config, None, prepared, False)
         y = unpermute(permuted_y, row_map)
     else:
         p = permute(x, ids, probs, experts=layout.experts)
-        permuted_y = _GroupedMLPFunction.apply(p.x, p.offsets, p.probs, w1, b1, w2, b2, config, None, prepared)
+        permuted_y = _GroupedMLPFunction.apply(p.x, p.offsets, p.probs, w1, b1, w2, b2, config, None, prepared,
+                                               False)
         y = unpermute(permuted_y, p.row_map)
     return y.to(hidden_states.dtype)
 

@@ -35,7 +35,7 @@ def assert_same_bits(got, want, what=""):
 
 class CountingOps:
     """torch.ops.mxmoe as _layer sees it, counting grouped_mlp_prepare_weights calls and recording
-    the `prepared` argument (the last) each layer op was given."""
+    the `prepared` argument (the one before the last, check_finite) each layer op was given."""
 
     LAYER_OPS = ("grouped_mlp_forward", "grouped_mlp_backward", "grouped_mlp_backward_")
 
@@ -50,7 +50,7 @@ class CountingOps:
 
         def counted(*args):
             if name in self.LAYER_OPS:
-                self.given.append((name, args[-1]))
+                self.given.append((name, args[-2]))
             else:
                 self.prepared += 1
             return op(*args)

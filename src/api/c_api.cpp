@@ -204,7 +204,7 @@ mxmoe_status mxmoe_context_create(const mxmoe_options* o, mxmoe_context* out) {
     Options opt;
     auto bridge = std::make_shared<AllocBridge>();
     if (o) {
-      check_struct(o->struct_size, sizeof(mxmoe_options), "options");
+      check_struct(o->struct_size, offsetof(mxmoe_options, check_finite), "options");  // check_finite: appended
       if (o->backend) opt.backend = o->backend;
       if (o->deny) {
         std::stringstream ss(o->deny);
@@ -217,6 +217,8 @@ mxmoe_status mxmoe_context_create(const mxmoe_options* o, mxmoe_context* out) {
       if ((o->alloc == nullptr) != (o->free == nullptr))
         throw Error("options.alloc", "alloc and free must both be set or both be NULL");
       *bridge = {o->alloc, o->free, o->alloc_user};
+      opt.check_finite =
+          appended(*o, &mxmoe_options::check_finite, offsetof(mxmoe_options, check_finite), int32_t{0}) != 0;
     }
     *out = new mxmoe_context_s(std::move(bridge), std::move(opt));
   });

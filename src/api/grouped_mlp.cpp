@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "src/api/check_finite.h"
 #include "src/api/layer_plan.h"
 #include "src/api/layer_state.h"
 #include "src/api/layer_steps.h"
@@ -185,6 +186,7 @@ auto with_memory_estimate(Context& ctx, const std::string& what, Device d, const
 
 SavedState forward_impl(Context& ctx, const Problem& p, const ForwardArgs& a, const StateBuffers* into) {
   validate_forward(p, a, into, ctx.options().scale_layout);
+  check_forward_finite(ctx, p, a);
   const int64_t T = forward_tokens(a);
   const std::string what = call_name("forward", p, T);
   return with_memory_estimate(
@@ -267,6 +269,7 @@ std::vector<LayerStep> wgrad_steps(const Problem& p, const GroupOffsets& offsets
 
 WgradState backward_impl(Context& ctx, SavedState& saved, const BackwardArgs& a, const StateBuffers* into) {
   validate_backward(saved, a, into, ctx.options().scale_layout);
+  check_backward_finite(ctx, a);
   const SavedImpl& s = saved.impl();
   const std::string what = call_name("backward", s.problem, s.tokens);
   return with_memory_estimate(
@@ -430,6 +433,7 @@ PreparedWeights prepare_run(Context& ctx, const Problem& p, const WeightsArgs& w
 PreparedWeights prepare_weights(Context& ctx, const Problem& p, const WeightsArgs& w) {
   using namespace detail;
   const Device d = validate_prepare_weights(p, w);
+  check_weights_finite(ctx, p, w);
   const std::string what = "prepare_weights (" + describe(p) + ")";
   const PreparedForms forms = prepared_forms(ctx, p, w, d);
   return with_memory_estimate(

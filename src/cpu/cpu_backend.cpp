@@ -21,6 +21,7 @@ class CpuBackend final : public Backend {
   void route_tokens(Context&, const RouteTokensStep& s) override { cpu::route_tokens(s); }
   void permute_rows(Context&, const PermuteByMapArgs& a) override { cpu::permute_rows(a); }
   void unpermute_rows(Context&, const UnpermuteArgs& a) override { cpu::unpermute_rows(a); }
+  uint64_t check_finite(Context&, const CheckFiniteStep& s) override { return cpu::check_finite(s); }
 };
 
 }  // namespace

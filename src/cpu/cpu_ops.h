@@ -14,5 +14,6 @@ void fc2_bias_grads(const detail::Fc2BiasGradStep& s);   // src/cpu/gemm.cpp
 void route_tokens(const detail::RouteTokensStep& s);     // src/cpu/permute.cpp
 void permute_rows(const PermuteByMapArgs& a);            // src/cpu/permute.cpp
 void unpermute_rows(const UnpermuteArgs& a);             // src/cpu/permute.cpp
+uint64_t check_finite(const detail::CheckFiniteStep& s);  // src/cpu/finite.cpp
 
 }  // namespace mxmoe::cpu

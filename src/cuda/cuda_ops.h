@@ -1,5 +1,6 @@
 // Device-side steps shared by the CUDA backends. Every function enqueues on `stream`, never
-// synchronises the host and never reads group offsets on the host.
+// synchronises the host and never reads group offsets on the host, except check_finite (below),
+// which runs only where the caller opted in (Options::check_finite).
 #pragma once
 #include "src/cuda/common/mx_out.h"
 #include "src/cuda/common/workspace.h"
@@ -52,6 +53,11 @@ void transpose_fp8_block_weights(const uint8_t* q, const float* sinv, int64_t ex
 int64_t fp8_token_block_tiles(const GroupOffsets& g, int64_t rows);
 void transpose_token_blocks(const Mxfp8View& v, const GroupOffsets& g, uint8_t* qt, int64_t tp, void* stream);
 void gemm_k_fp8_block(const KGroupedGemmArgs& a, void* stream, void (*bf16_gemm)(const KGroupedGemmArgs&, void*));
+
+// src/cuda/common/finite.cu: the first NaN or +-Inf of the step's matrices (nonfinite_code, or
+// kAllFinite), by one device pass and one 8-byte copy to the host; synchronises `stream`. An Error
+// naming options.check_finite while `stream` is being captured into a CUDA graph.
+uint64_t check_finite(const detail::CheckFiniteStep& s, void* stream);
 
 namespace portable {
 // src/cuda/portable/: mma.sync grouped GEMMs for any GPU from sm_80.

@@ -27,6 +27,7 @@ enum class Step : uint8_t {
   route_tokens,      // top-k expert ids -> offsets, row_map, invalid count (permute_tokens)
   permute_rows,      // rows to their permuted places by a row_map (permute_tokens, permute_by_map)
   unpermute_rows,    // slot sums back to tokens by a row_map (unpermute_tokens)
+  check_finite,      // the first NaN or +-Inf of an input (Options::check_finite)
 };
 const char* to_string(Step s);
 
@@ -159,6 +160,17 @@ struct PermuteQuantizeStep {
   Mxfp8View colwise;      // optional e4m3 [R, H] + e8m0 colwise_scale_bytes(R, H, E)
 };
 
+// Options::check_finite: E bf16 or f32 matrices of `count` values each (a tensor of any rank: E = 1),
+// dense or per-expert, scanned for NaN and +-Inf. The backend returns the nonfinite_code
+// (src/common/finite.h) of the first one in order e * count + i, or kAllFinite. It reads only; on a
+// device it ends with one small device-to-host copy, so it synchronises the stream (refused, with an
+// Error naming options.check_finite, while the stream is being captured).
+struct CheckFiniteStep {
+  ExpertMatrices src;
+  DType dtype = DType::bf16;  // bf16 or f32
+  int64_t experts = 1, count = 0;
+};
+
 // ---- The plan of a step: what the backend that serves it will do, decided before anything runs ----
 
 // What a GEMM step reads of the layer's weights. prepare_weights makes the forms the plans of the
@@ -221,6 +233,7 @@ class Backend {
     permute_rows(ctx, a);
   }
   virtual void unpermute_rows(Context& ctx, const UnpermuteArgs& a) = 0;
+  virtual uint64_t check_finite(Context& ctx, const CheckFiniteStep& s) = 0;
   // The default is the unfused sequence on this backend's own steps (registry.cpp): permute_rows
   // into move.permuted_x (or library scratch of R x H bf16), then quantize of the kept rows (host
   // data: rows 0 .. offsets[E]-1, offsets read on the host; device data: all R rows with the

@@ -25,6 +25,7 @@ class RefusingBackend : public Backend {
   void permute_rows(Context&, const PermuteByMapArgs&) override { refuse(Step::permute_rows); }
   void unpermute_rows(Context&, const UnpermuteArgs&) override { refuse(Step::unpermute_rows); }
   void permute_quantize_rows(Context&, const PermuteQuantizeStep&) override { refuse(Step::permute_rows); }
+  uint64_t check_finite(Context&, const CheckFiniteStep&) override { refuse(Step::check_finite); }
 
  protected:
   // The step probe of a backend that runs the grouped GEMMs alone (cuda_sm90, cuda_sm100): gemm_m and
@@ -53,6 +54,8 @@ class RefusingBackend : public Backend {
       case Step::permute_rows:
       case Step::unpermute_rows:
         return {false, "token permute/unpermute is not implemented on this backend"};
+      case Step::check_finite:
+        return {false, "a memory-bound scan of an input: cuda_portable's kernel serves it"};
     }
     return {false, "unknown step"};
   }

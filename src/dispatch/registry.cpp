@@ -18,6 +18,7 @@ const char* to_string(Step s) {
     case Step::route_tokens: return "route_tokens";
     case Step::permute_rows: return "permute_rows";
     case Step::unpermute_rows: return "unpermute_rows";
+    case Step::check_finite: return "check_finite";
   }
   return "?";
 }

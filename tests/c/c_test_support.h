@@ -47,4 +47,42 @@ static inline mxmoe_tensor tensor(void* data, int dtype, int rank, int64_t a, in
   t.device_type = MXMOE_CPU;
   return t;
 }
+
+/* A problem of these sizes and recipe; every other field 0 (SwiGLU, halves, no biases, dense). */
+static inline mxmoe_problem problem_of(int64_t hidden, int64_t ffn, int64_t experts, int32_t recipe) {
+  mxmoe_problem p;
+  memset(&p, 0, sizeof p);
+  p.struct_size = sizeof p;
+  p.hidden = hidden, p.ffn = ffn, p.experts = experts;
+  p.recipe = recipe;
+  return p;
+}
+
+/* Forward arguments over CPU buffers: x and y bf16 [T, H], offsets [E+1], probs [T], dense w1
+ * [E, 2F, H] and w2 [E, H, F]; no biases. */
+static inline mxmoe_forward_args dense_forward_args(void* x, void* offsets, void* probs, void* w1, void* w2, void* y,
+                                                    int64_t T, int64_t H, int64_t F, int64_t E) {
+  mxmoe_forward_args a;
+  memset(&a, 0, sizeof a);
+  a.struct_size = sizeof a;
+  a.x = tensor(x, MXMOE_BF16, 2, T, H, 0);
+  a.offsets = tensor(offsets, MXMOE_I32, 1, E + 1, 0, 0);
+  a.probs = tensor(probs, MXMOE_F32, 1, T, 0, 0);
+  a.w1.dense = tensor(w1, MXMOE_BF16, 3, E, 2 * F, H);
+  a.w2.dense = tensor(w2, MXMOE_BF16, 3, E, H, F);
+  a.y = tensor(y, MXMOE_BF16, 2, T, H, 0);
+  return a;
+}
+
+/* Backward arguments over CPU buffers: dy and dx bf16 [T, H], dprobs [T]; no weight grads yet. */
+static inline mxmoe_backward_args backward_args(void* dy, void* dx, void* dprobs, int64_t T, int64_t H) {
+  mxmoe_backward_args b;
+  memset(&b, 0, sizeof b);
+  b.struct_size = sizeof b;
+  b.dy = tensor(dy, MXMOE_BF16, 2, T, H, 0);
+  b.dx = tensor(dx, MXMOE_BF16, 2, T, H, 0);
+  b.dprobs = tensor(dprobs, MXMOE_F32, 1, T, 0, 0);
+  b.grads.struct_size = sizeof b.grads;
+  return b;
+}
 #endif

@@ -343,22 +343,8 @@ int main(void) {
   mxmoe_context ctx = NULL;
   CHECK(mxmoe_context_create(&opt, &ctx) == MXMOE_OK, "%s", mxmoe_last_error());
 
-  mxmoe_problem p;
-  memset(&p, 0, sizeof p);
-  p.struct_size = sizeof p;
-  p.hidden = H, p.ffn = F, p.experts = E;
-  p.activation = MXMOE_SWIGLU, p.glu_layout = MXMOE_GLU_HALVES, p.recipe = MXMOE_RECIPE_MXFP8;
-  p.weight_layout = MXMOE_WEIGHTS_DENSE;
-
-  mxmoe_forward_args fa;
-  memset(&fa, 0, sizeof fa);
-  fa.struct_size = sizeof fa;
-  fa.x = tensor(x, MXMOE_BF16, 2, T, H, 0);
-  fa.offsets = tensor(offsets, MXMOE_I32, 1, E + 1, 0, 0);
-  fa.probs = tensor(probs, MXMOE_F32, 1, T, 0, 0);
-  fa.w1.dense = tensor(w1, MXMOE_BF16, 3, E, 2 * F, H);
-  fa.w2.dense = tensor(w2, MXMOE_BF16, 3, E, H, F);
-  fa.y = tensor(y, MXMOE_BF16, 2, T, H, 0);
+  mxmoe_problem p = problem_of(H, F, E, MXMOE_RECIPE_MXFP8); /* SwiGLU, halves, dense weights */
+  mxmoe_forward_args fa = dense_forward_args(x, offsets, probs, w1, w2, y, T, H, F, E);
 
   mxmoe_saved saved = NULL;
   CHECK(mxmoe_forward(ctx, &p, &fa, &saved) == MXMOE_OK, "%s", mxmoe_last_error());
@@ -409,13 +395,7 @@ int main(void) {
     CHECK(strstr(mxmoe_last_error(), "x: missing") != NULL, "message: %s", mxmoe_last_error());
   }
 
-  mxmoe_backward_args ba;
-  memset(&ba, 0, sizeof ba);
-  ba.struct_size = sizeof ba;
-  ba.dy = tensor(dy, MXMOE_BF16, 2, T, H, 0);
-  ba.dx = tensor(dx, MXMOE_BF16, 2, T, H, 0);
-  ba.dprobs = tensor(dprobs, MXMOE_F32, 1, T, 0, 0);
-  ba.grads.struct_size = sizeof ba.grads;
+  mxmoe_backward_args ba = backward_args(dy, dx, dprobs, T, H);
   ba.deferred_wgrad = 1;
   mxmoe_wgrad wg = NULL;
   CHECK(mxmoe_backward(ctx, saved, &ba, &wg) == MXMOE_OK, "%s", mxmoe_last_error());

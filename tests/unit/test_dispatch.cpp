@@ -53,6 +53,7 @@ class MissingWgradBackend final : public detail::Backend {
   void route_tokens(Context&, const detail::RouteTokensStep& s) override { cpu::route_tokens(s); }
   void permute_rows(Context&, const PermuteByMapArgs& a) override { cpu::permute_rows(a); }
   void unpermute_rows(Context&, const UnpermuteArgs& a) override { cpu::unpermute_rows(a); }
+  uint64_t check_finite(Context&, const detail::CheckFiniteStep& s) override { return cpu::check_finite(s); }
 };
 
 TEST(Dispatch, MissingPreferredWgradKernelFallsBackWithoutException) {
@@ -128,6 +129,10 @@ class CopyReadingBackend final : public detail::Backend {
   void route_tokens(Context&, const detail::RouteTokensStep&) override { ADD_FAILURE() << "route_tokens"; }
   void permute_rows(Context&, const PermuteByMapArgs&) override { ADD_FAILURE() << "permute_rows"; }
   void unpermute_rows(Context&, const UnpermuteArgs&) override { ADD_FAILURE() << "unpermute_rows"; }
+  uint64_t check_finite(Context&, const detail::CheckFiniteStep&) override {
+    ADD_FAILURE() << "check_finite";
+    return 0;
+  }
 };
 
 // Where the GEMMs' backend reads weight copies, the layer's per-call MXFP8 weights go straight into

@@ -210,6 +210,7 @@ class NoFusedPermuteBackend final : public detail::Backend {
     cpu::permute_rows(a);
   }
   void unpermute_rows(Context&, const UnpermuteArgs& a) override { cpu::unpermute_rows(a); }
+  uint64_t check_finite(Context&, const detail::CheckFiniteStep& s) override { return cpu::check_finite(s); }
 };
 
 TEST(PermuteQuantize, ABackendWithoutTheFusedStepIsSkippedWithItsReasonOrRunsTheComposition) {

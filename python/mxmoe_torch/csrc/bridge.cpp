@@ -225,8 +225,9 @@ void torch_release(void* ptr, int64_t, mxmoe::Device device, void*, void*) {
   c10::GetCPUAllocator()->raw_deallocate(ptr);
 }
 
-Options options_for(const at::Tensor& like) {
+Options options_for(const at::Tensor& like, bool check_finite) {
   Options o;
+  o.check_finite = check_finite;
   o.allocator = {torch_allocate, torch_release, nullptr};
   if (like.is_cuda()) {
 #if defined(MXMOE_TORCH_CUDA)
@@ -240,7 +241,8 @@ Options options_for(const at::Tensor& like) {
 
 }  // namespace
 
-CallContext::CallContext(const at::Tensor& like)
-    : guard_(like.is_cuda() ? std::optional<c10::Device>(like.device()) : std::nullopt), ctx_(options_for(like)) {}
+CallContext::CallContext(const at::Tensor& like, bool check_finite)
+    : guard_(like.is_cuda() ? std::optional<c10::Device>(like.device()) : std::nullopt),
+      ctx_(options_for(like, check_finite)) {}
 
 }  // namespace mxmoe::torch_ext

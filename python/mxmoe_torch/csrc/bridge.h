@@ -76,10 +76,11 @@ std::vector<at::Tensor> empty_deferred(const Problem& p, int64_t tokens, const a
 void add_deferred_buffers(StateBuffers& into, const Problem& p, at::TensorList deferred);
 
 // One library call's Context: on `like`'s device (guarded), the current stream there, PyTorch's
-// allocator (the CUDA caching allocator on that stream, so capture into a CUDA graph works).
+// allocator (the CUDA caching allocator on that stream, so capture into a CUDA graph works);
+// check_finite: Options::check_finite.
 class CallContext {
  public:
-  explicit CallContext(const at::Tensor& like);
+  explicit CallContext(const at::Tensor& like, bool check_finite = false);
   Context& get() { return ctx_; }
 
  private:

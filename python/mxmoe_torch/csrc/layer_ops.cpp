@@ -16,6 +16,7 @@
 //                           -> dx, dprobs
 //   grouped_mlp_wgrad     (x?, dy?, offsets, saved[1:], deferred, recipe) -> dw1, dw2
 //   grouped_mlp_wgrad_    (..., main_grad_w1!, main_grad_w2!) -> ()
+// The forward and backward ops take check_finite last (Options::check_finite).
 #include "layer_ops.h"
 
 namespace mxmoe::torch_ext {
@@ -85,7 +86,7 @@ struct BackwardRun {
 
 BackwardRun run_backward(const at::Tensor& dy_in, at::TensorList saved, const LayerInputs& in, const Problem& p,
                          bool defer_wgrad, const WeightGrads& grads, at::TensorList deferred,
-                         const Prepared& prepared) {
+                         const Prepared& prepared, bool check_finite) {
   const at::Tensor dy = dy_in.contiguous();
   const int64_t T = saved[0].size(0);
   BackwardRun r;
@@ -94,7 +95,7 @@ BackwardRun run_backward(const at::Tensor& dy_in, at::TensorList saved, const La
   TORCH_CHECK(defer_wgrad || deferred.empty(), "mxmoe: a deferred-wgrad list is given but defer_wgrad is false");
   if (T == 0) return r;  // nothing to add: the callers zero or keep their gradient buffers
   StateBuffers state = saved_buffers(p, saved);
-  CallContext cc(dy);
+  CallContext cc(dy, check_finite);
   SavedState s = restore_saved_state(p, in.args(), state);
   BackwardArgs ba;
   ba.dy = view(dy);
@@ -180,7 +181,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> grouped_mlp_forward(
     const at::Tensor& x_in, const at::Tensor& offsets, const at::Tensor& probs, const at::Tensor& w1,
     const std::optional<at::Tensor>& b1, const at::Tensor& w2, const std::optional<at::Tensor>& b2, std::string recipe,
     std::string activation, double limit, double alpha, double linear_offset, std::string glu_layout,
-    bool scale_fc2_bias, const Prepared& prepared) {
+    bool scale_fc2_bias, const Prepared& prepared, bool check_finite) {
   layer_devices("grouped_mlp_forward", x_in, std::nullopt, {}, offsets, probs, w1, b1, w2, b2).check();
   const LayerInputs in(x_in, offsets, probs, w1, b1, w2, b2);
   const Problem p = in.problem(scalars(recipe, activation, limit, alpha, linear_offset, glu_layout, scale_fc2_bias));
@@ -192,7 +193,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> grouped_mlp_forward(
   ForwardArgs fa = in.args();
   fa.y = view(y);
   fa.prepared = prepared_of(prepared);
-  CallContext cc(x);
+  CallContext cc(x, check_finite);
   forward(cc.get(), p, fa, saved_buffers(p, saved));  // the SavedState it returns owns nothing
   return {y, saved};
 }
@@ -202,7 +203,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> grouped_mlp_forward_prequantized
     const at::Tensor& x_col_scales_in, const at::Tensor& offsets, const at::Tensor& probs, const at::Tensor& w1,
     const std::optional<at::Tensor>& b1, const at::Tensor& w2, const std::optional<at::Tensor>& b2, std::string recipe,
     std::string activation, double limit, double alpha, double linear_offset, std::string glu_layout,
-    bool scale_fc2_bias, const Prepared& prepared) {
+    bool scale_fc2_bias, const Prepared& prepared, bool check_finite) {
   layer_devices("grouped_mlp_forward_prequantized", x_row_in, std::nullopt, {}, offsets, probs, w1, b1, w2, b2)
       .add("x_row_scales", x_row_scales_in)
       .add("x_col", x_col_in)
@@ -234,7 +235,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> grouped_mlp_forward_prequantized
   state.c = view(saved[0]);
   state.x_col = fa.x_col;  // forward writes nothing there: the library checks it is x_col itself
   state.a_col = colwise_view(saved[1], saved[2]);
-  CallContext cc(x_row);
+  CallContext cc(x_row, check_finite);
   forward(cc.get(), p, fa, state);
   return {y, saved};
 }
@@ -244,7 +245,8 @@ grouped_mlp_backward(const at::Tensor& dy, at::TensorList saved, const std::opti
                      const at::Tensor& offsets, const at::Tensor& probs, const at::Tensor& w1,
                      const std::optional<at::Tensor>& b1, const at::Tensor& w2, const std::optional<at::Tensor>& b2,
                      std::string recipe, std::string activation, double limit, double alpha, double linear_offset,
-                     std::string glu_layout, bool scale_fc2_bias, bool defer_wgrad, const Prepared& prepared) {
+                     std::string glu_layout, bool scale_fc2_bias, bool defer_wgrad, const Prepared& prepared,
+                     bool check_finite) {
   layer_devices("grouped_mlp_backward", x, dy, saved, offsets, probs, w1, b1, w2, b2).check();
   const LayerInputs in(x, offsets, probs, w1, b1, w2, b2);
   const Problem p = in.problem(scalars(recipe, activation, limit, alpha, linear_offset, glu_layout, scale_fc2_bias));
@@ -260,7 +262,7 @@ grouped_mlp_backward(const at::Tensor& dy, at::TensorList saved, const std::opti
   if (p.fc1_bias) g.db1 = view(db1);
   if (p.fc2_bias) g.db2 = view(db2);
   const std::vector<at::Tensor> deferred = defer_wgrad ? empty_deferred(p, saved[0].size(0), dy.options()) : std::vector<at::Tensor>{};
-  BackwardRun r = run_backward(dy, saved, in, p, defer_wgrad, g, deferred, prepared);
+  BackwardRun r = run_backward(dy, saved, in, p, defer_wgrad, g, deferred, prepared, check_finite);
   if (saved[0].size(0) == 0) {  // no tokens: every gradient is zero
     for (at::Tensor* t : {&dw1, &dw2, &db1, &db2}) t->zero_();
   }
@@ -273,7 +275,8 @@ std::tuple<at::Tensor, at::Tensor> grouped_mlp_backward_(
     const std::optional<at::Tensor>& b2, std::string recipe, std::string activation, double limit, double alpha,
     double linear_offset, std::string glu_layout, bool scale_fc2_bias, bool defer_wgrad, at::Tensor& main_grad_w1,
     at::Tensor& main_grad_w2, const std::optional<at::Tensor>& main_grad_b1,
-    const std::optional<at::Tensor>& main_grad_b2, at::TensorList deferred, const Prepared& prepared) {
+    const std::optional<at::Tensor>& main_grad_b2, at::TensorList deferred, const Prepared& prepared,
+    bool check_finite) {
   layer_devices("grouped_mlp_backward_", x, dy, saved, offsets, probs, w1, b1, w2, b2)
       .add("main_grad_w1", main_grad_w1)
       .add("main_grad_w2", main_grad_w2)
@@ -293,7 +296,7 @@ std::tuple<at::Tensor, at::Tensor> grouped_mlp_backward_(
   }
   if (p.fc1_bias) g.db1 = view(*main_grad_b1);
   if (p.fc2_bias) g.db2 = view(*main_grad_b2);
-  BackwardRun r = run_backward(dy, saved, in, p, defer_wgrad, g, deferred, prepared);
+  BackwardRun r = run_backward(dy, saved, in, p, defer_wgrad, g, deferred, prepared, check_finite);
   return {r.dx, r.dprobs};
 }
 

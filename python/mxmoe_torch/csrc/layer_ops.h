@@ -46,7 +46,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> grouped_mlp_forward(
     const at::Tensor& x, const at::Tensor& offsets, const at::Tensor& probs, const at::Tensor& w1,
     const std::optional<at::Tensor>& b1, const at::Tensor& w2, const std::optional<at::Tensor>& b2, std::string recipe,
     std::string activation, double limit, double alpha, double linear_offset, std::string glu_layout,
-    bool scale_fc2_bias, const Prepared& prepared);
+    bool scale_fc2_bias, const Prepared& prepared, bool check_finite);
 
 // Recipe mxfp8 with X pre-quantized (ForwardArgs::x_row / x_col, as permute_tokens_mxfp8 writes
 // them): no quantize_x step, no bf16 x. `saved` is [c, a_col, a_col_scales]: the backward's saved
@@ -56,14 +56,15 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> grouped_mlp_forward_prequantized
     const at::Tensor& offsets, const at::Tensor& probs, const at::Tensor& w1, const std::optional<at::Tensor>& b1,
     const at::Tensor& w2, const std::optional<at::Tensor>& b2, std::string recipe, std::string activation,
     double limit, double alpha, double linear_offset, std::string glu_layout, bool scale_fc2_bias,
-    const Prepared& prepared);
+    const Prepared& prepared, bool check_finite);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>>
 grouped_mlp_backward(const at::Tensor& dy, at::TensorList saved, const std::optional<at::Tensor>& x,
                      const at::Tensor& offsets, const at::Tensor& probs, const at::Tensor& w1,
                      const std::optional<at::Tensor>& b1, const at::Tensor& w2, const std::optional<at::Tensor>& b2,
                      std::string recipe, std::string activation, double limit, double alpha, double linear_offset,
-                     std::string glu_layout, bool scale_fc2_bias, bool defer_wgrad, const Prepared& prepared);
+                     std::string glu_layout, bool scale_fc2_bias, bool defer_wgrad, const Prepared& prepared,
+                     bool check_finite);
 
 // `deferred` (mutated) is the caller's deferred-wgrad list, empty unless defer_wgrad: auto-functionalization
 // supports mutable list arguments but not list returns on a mutable op.
@@ -73,7 +74,8 @@ std::tuple<at::Tensor, at::Tensor> grouped_mlp_backward_(
     const std::optional<at::Tensor>& b2, std::string recipe, std::string activation, double limit, double alpha,
     double linear_offset, std::string glu_layout, bool scale_fc2_bias, bool defer_wgrad, at::Tensor& main_grad_w1,
     at::Tensor& main_grad_w2, const std::optional<at::Tensor>& main_grad_b1,
-    const std::optional<at::Tensor>& main_grad_b2, at::TensorList deferred, const Prepared& prepared);
+    const std::optional<at::Tensor>& main_grad_b2, at::TensorList deferred, const Prepared& prepared,
+    bool check_finite);
 
 std::tuple<at::Tensor, at::Tensor> grouped_mlp_wgrad(const std::optional<at::Tensor>& x,
                                                      const std::optional<at::Tensor>& dy, const at::Tensor& offsets,

@@ -33,19 +33,22 @@ TORCH_LIBRARY(mxmoe, m) {
       .def("__eq__", [](const c10::intrusive_ptr<PreparedWeightsHolder>& self,
                         const c10::intrusive_ptr<PreparedWeightsHolder>& other) { return self.get() == other.get(); });
   m.def("grouped_mlp_prepare_weights(Tensor w1, Tensor w2, " MXMOE_LAYER_SCALARS ") -> " MXMOE_PREPARED);
-  // `prepared` (last, default None): grouped_mlp_prepare_weights's object for these w1 and w2.
+  // `prepared` (default None): grouped_mlp_prepare_weights's object for these w1 and w2.
+  // `check_finite` (last, default False): Options::check_finite, the inputs (dy in backward) scanned
+  // for NaN and Inf before anything is written; on CUDA it synchronises the stream.
   m.def("grouped_mlp_forward(Tensor x, " MXMOE_LAYER_INPUTS ", " MXMOE_LAYER_SCALARS ", " MXMOE_PREPARED
-        "? prepared=None) -> (Tensor y, Tensor[] saved)");
+        "? prepared=None, bool check_finite=False) -> (Tensor y, Tensor[] saved)");
   // Recipe mxfp8 with X pre-quantized (permute_tokens_mxfp8's outputs): saved is [c, a_col, a_col_scales];
   // grouped_mlp_backward takes [c, x_col, x_col_scales, a_col, a_col_scales].
   m.def("grouped_mlp_forward_prequantized(Tensor x_row, Tensor x_row_scales, Tensor x_col, Tensor x_col_scales, "
-        MXMOE_LAYER_INPUTS ", " MXMOE_LAYER_SCALARS ", " MXMOE_PREPARED "? prepared=None) -> (Tensor y, Tensor[] saved)");
+        MXMOE_LAYER_INPUTS ", " MXMOE_LAYER_SCALARS ", " MXMOE_PREPARED
+        "? prepared=None, bool check_finite=False) -> (Tensor y, Tensor[] saved)");
   m.def("grouped_mlp_backward(Tensor dy, Tensor[] saved, Tensor? x, " MXMOE_LAYER_INPUTS ", " MXMOE_LAYER_SCALARS
-        ", bool defer_wgrad, " MXMOE_PREPARED "? prepared=None) -> (Tensor dx, Tensor dprobs, Tensor dw1, "
-        "Tensor dw2, Tensor db1, Tensor db2, Tensor[] deferred)");
+        ", bool defer_wgrad, " MXMOE_PREPARED "? prepared=None, bool check_finite=False) -> (Tensor dx, "
+        "Tensor dprobs, Tensor dw1, Tensor dw2, Tensor db1, Tensor db2, Tensor[] deferred)");
   m.def("grouped_mlp_backward_(Tensor dy, Tensor[] saved, Tensor? x, " MXMOE_LAYER_INPUTS ", " MXMOE_LAYER_SCALARS
         ", bool defer_wgrad, Tensor(a!) main_grad_w1, Tensor(b!) main_grad_w2, Tensor(c!)? main_grad_b1, "
-        "Tensor(d!)? main_grad_b2, Tensor(e!)[] deferred, " MXMOE_PREPARED "? prepared=None) "
+        "Tensor(d!)? main_grad_b2, Tensor(e!)[] deferred, " MXMOE_PREPARED "? prepared=None, bool check_finite=False) "
         "-> (Tensor dx, Tensor dprobs)");
   m.def("grouped_mlp_wgrad(Tensor? x, Tensor? dy, Tensor offsets, Tensor[] saved_tail, Tensor[] deferred, "
         "str recipe) -> (Tensor dw1, Tensor dw2)");

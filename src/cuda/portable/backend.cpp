@@ -56,6 +56,9 @@ class CudaPortableBackend final : public detail::Backend {
     portable::route_and_permute_rows(s, a, c.options().stream);
   }
   void unpermute_rows(Context& c, const UnpermuteArgs& a) override { portable::unpermute_rows(a, c.options().stream); }
+  uint64_t check_finite(Context& c, const detail::CheckFiniteStep& s) override {
+    return cuda::check_finite(s, c.options().stream);
+  }
   // permute_tokens with MXFP8 outputs: the gather fused into the one-pass quantizer.
   void permute_quantize_rows(Context& c, const detail::PermuteQuantizeStep& s) override {
     cuda::permute_quantize_rows(s, c.options().stream);

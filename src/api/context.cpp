@@ -1,7 +1,9 @@
+#include <algorithm>
 #include <cstdlib>
 #include <sstream>
 
 #include "mxmoe/version.h"
+#include "src/api/layer_steps.h"
 #include "src/api/validate.h"
 #include "src/dispatch/context_impl.h"
 #include "src/dispatch/backend.h"
@@ -41,6 +43,13 @@ Context::Context(Options options) : impl_(std::make_unique<detail::ContextImpl>(
   if ((a.allocate == nullptr) != (a.release == nullptr))
     throw Error("options.allocator", a.allocate ? "allocate is set but release is null (set both or neither)"
                                                 : "release is set but allocate is null (set both or neither)");
+  // An override of a step that never runs under that label (a typo) would be silently ignored.
+  for (const StepOverride& v : options.overrides) {
+    const std::vector<std::string>& labels = detail::step_labels();
+    if (std::find(labels.begin(), labels.end(), v.step) == labels.end())
+      throw Error("options.overrides", "unknown step '" + v.step + "' (known: " + detail::step_label_names() + ")");
+    if (v.config.empty()) throw Error("options.overrides", "step '" + v.step + "' names no configuration");
+  }
   impl_->options = std::move(options);
 }
 

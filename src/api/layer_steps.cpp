@@ -165,6 +165,28 @@ void PlannedSteps::run() {
   }
 }
 
+const std::vector<std::string>& step_labels() {
+  static const std::vector<std::string> labels = [] {
+    std::vector<std::string> v = {"quantize_x", "quantize_dy", "quantize_w1", "quantize_w2", "quantize_w1_col",
+                                  "quantize_w2_col", "fc1_fprop", "fc2_fprop", "fc2_bias_grads", "fc2_dgrad",
+                                  "fc1_dgrad", "fc2_wgrad", "fc1_wgrad"};
+    for (const char* w : {"quantize_w1", "quantize_w2", "quantize_w1_col", "quantize_w2_col"})
+      v.push_back(std::string("prepare.") + w);
+    for (Step s : {Step::quantize, Step::dequantize, Step::gemm_m, Step::gemm_k, Step::route_tokens, Step::permute_rows,
+                   Step::unpermute_rows, Step::check_finite})
+      v.emplace_back(to_string(s));
+    v.emplace_back("permute_quantize_rows");
+    return v;
+  }();
+  return labels;
+}
+
+std::string step_label_names() {
+  std::string s;
+  for (const std::string& l : step_labels()) s += (s.empty() ? "" : ", ") + l;
+  return s;
+}
+
 LayerStep quantize_x(const QuantizeArgs& args) { return quantize_activation("quantize_x", args); }
 LayerStep quantize_dy(const QuantizeArgs& args) { return quantize_activation("quantize_dy", args); }
 LayerStep quantize_w1(const QuantizeExpertsStep& args) {

@@ -83,6 +83,11 @@ class PlannedSteps {
   std::vector<std::pair<size_t, int64_t>> counted_releases_;
 };
 
+// The labels steps are recorded under (the layer's steps, prepare_weights' "prepare." ones, and the
+// entry points of ops.h and permute.h): what Options::overrides may name. Comma-separated.
+const std::vector<std::string>& step_labels();
+std::string step_label_names();
+
 // ---- quantize steps (mxfp8 recipe) ----
 
 // X or dY [T, H] -> row-wise (FC1 fprop / FC2 dgrad) and column-wise (wgrad) MXFP8.

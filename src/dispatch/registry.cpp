@@ -146,7 +146,9 @@ Choice select(Context& ctx, const StepQuery& q, const std::string& label) {
       p = offer(o, *b, f, q, config, &c.plan);
     } catch (const Error& e) {
       if (config.empty()) throw;
-      throw Error("options.overrides", rec.step + "=" + config + " on " + name + ": " + e.what());
+      std::string why = e.what();
+      if (why.rfind(e.argument() + ": ", 0) == 0) why.erase(0, e.argument().size() + 2);
+      throw Error("options.overrides", rec.step + "=" + config + " on " + name + ": " + why);
     }
     if (!p.available) {
       rec.skipped.emplace_back(name, p.reason);

@@ -81,6 +81,19 @@ TEST(Plan, AnOverrideTheServingBackendLacksIsAnErrorNamingIt) {
             "default");
 }
 
+TEST(Plan, AnOverrideOfAnUnknownStepOrWithNoConfigurationIsRefusedAtTheContext) {
+  try {
+    Context ctx(Options{.overrides = {{"fc2_dgard", "mxfp8_regs_n128"}}});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "options.overrides");
+    EXPECT_NE(std::string(e.what()).find("fc2_dgard"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fc2_dgrad"), std::string::npos) << e.what();  // among the known
+  }
+  EXPECT_THROW(Context(Options{.overrides = {{"fc2_dgrad", ""}}}), Error);
+  EXPECT_NO_THROW(Context(Options{.overrides = {{"fc2_dgrad", "default"}}}));
+}
+
 // A GPU target on a planning context: every GEMM step gets a GPU backend where this build has one,
 // and a build without CUDA says so instead of planning.
 TEST(Plan, GpuTargetsPlanWithoutADevice) {

@@ -40,8 +40,13 @@ struct PlanningContext {
 LayerPlan plan_layer(const Context& ctx, const Problem& p, int64_t T, Device d, bool prepared) {
   PlanningContext pc(ctx);
   const int64_t E = p.experts, H = p.hidden, F = p.ffn;
-  const ExpertMatrices w1{.dense = pc.view(DType::bf16, {E, 2 * F, H}, d)};
-  const ExpertMatrices w2{.dense = pc.view(DType::bf16, {E, H, F}, d)};
+  // The weights as the problem lays them out: one tensor, or a table of E pointers.
+  auto weights = [&](int64_t rows, int64_t cols) {
+    if (p.weight_layout == WeightLayout::per_expert)
+      return ExpertMatrices{.pointers = pc.view(DType::i64, {E}, d), .dtype = DType::bf16};
+    return ExpertMatrices{.dense = pc.view(DType::bf16, {E, rows, cols}, d)};
+  };
+  const ExpertMatrices w1 = weights(2 * F, H), w2 = weights(H, F);
   std::optional<PreparedWeights> pw;
   if (prepared && p.recipe != Recipe::bf16) {
     const WeightsArgs w{.w1 = w1, .w2 = w2};

@@ -277,7 +277,9 @@ def case_new_user():
     # Progress: quiet in a pipe; on a terminal each phase, with a time estimate on a longer run.
     rc, out, err, _ = run("run", "--backend", "cpu", "--tokens", "8")
     check(rc == 0 and "mxmoe:" not in err, "no progress lines when stderr is not a terminal", err[-400:])
-    text = run_on_terminal(["run", "--backend", "cpu", "--tokens", "256"])
+    # Long enough that the fp64 reference's estimate is seconds on any machine (a phase estimated under
+    # half a second shows only its time).
+    text = run_on_terminal(["run", "--backend", "cpu", "--tokens", "8192"])
     check("mxmoe: fp64 reference" in text and re.search(r"about \d+(\.\d)? s left", text) is not None and
           "result    PASS" in text, "on a terminal: phases with the time left", text[-1500:])
     # One exit status for an unknown backend, flag or environment.

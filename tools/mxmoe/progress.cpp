@@ -60,11 +60,13 @@ class Ticker {
     const double t = elapsed();
     std::string text = "mxmoe: " + phase_;
     if (t >= 1) text += ": " + std::to_string(static_cast<long long>(t)) + " s";
-    if (estimate_ > 0) {
-      const double left = estimate_ - t;
-      text += left >= 0.5 ? (t >= 1 ? ", about " : ": about ") + seconds(left) + " left"
-                          : std::string(t >= 1 ? ", " : ": ") + "longer than the estimate of " + seconds(estimate_);
-    }
+    // The time left while there is at least half a second of it; past the estimate, that it ran
+    // longer (a phase estimated under half a second shows only its time).
+    const double left = estimate_ - t;
+    if (estimate_ > 0 && left >= 0.5)
+      text += (t >= 1 ? ", about " : ": about ") + seconds(left) + " left";
+    else if (estimate_ > 0 && left < 0)
+      text += std::string(t >= 1 ? ", " : ": ") + "longer than the estimate of " + seconds(estimate_);
     std::fprintf(stderr, "\r\033[K%s", text.c_str());
     std::fflush(stderr);
   }

@@ -5,6 +5,7 @@
 #include "mxmoe/grouped_mlp.h"
 
 #include <functional>
+#include <map>
 #include <new>
 #include <optional>
 #include <string>
@@ -12,6 +13,7 @@
 #include "src/api/check_finite.h"
 #include "src/api/layer_plan.h"
 #include "src/api/layer_state.h"
+#include "src/dispatch/context_impl.h"
 #include "src/api/layer_steps.h"
 #include "src/api/layer_validate.h"
 #include "src/common/checked.h"
@@ -166,13 +168,19 @@ std::string call_name(const char* call, const Problem& p, int64_t T) {
 // Runs `run` (the allocations and steps of one call) after checking the call's planned peak
 // (`plan`, the same call run dry) against the device's memory where the library allocates from its
 // own pool; an allocation failure becomes an OutOfMemoryError that says how much the whole call
-// needs (planned then, off the hot path) and which allocation failed.
+// needs and which allocation failed. The dry run is made once per call shape (`key`: the problem,
+// the tokens, the device and which buffers the caller gives) and kept in the context.
 template <class Run>
-auto with_memory_estimate(Context& ctx, const std::string& what, Device d, const std::function<void(Context&)>& plan,
-                          Run&& run) {
+auto with_memory_estimate(Context& ctx, const std::string& what, const std::string& key, Device d,
+                          const std::function<void(Context&)>& plan, Run&& run) {
   const Allocator& allocator = ctx.options().allocator;
-  if (!allocator.set()) check_capacity(d, planned_peak(ctx, plan), allocator, what);
-  auto head = [&] { return what + " needs about " + format_bytes(planned_peak(ctx, plan)) + " of library memory; "; };
+  auto need = [&] {
+    std::map<std::string, int64_t>& peaks = ctx.impl().planned_peaks;
+    const auto it = peaks.find(key);
+    return it != peaks.end() ? it->second : peaks.emplace(key, planned_peak(ctx, plan)).first->second;
+  };
+  if (!allocator.set()) check_capacity(d, need(), allocator, what);
+  auto head = [&] { return what + " needs about " + format_bytes(need()) + " of library memory; "; };
   try {
     return run();
   } catch (const OutOfMemoryError& e) {
@@ -189,8 +197,10 @@ SavedState forward_impl(Context& ctx, const Problem& p, const ForwardArgs& a, co
   check_forward_finite(ctx, p, a);
   const int64_t T = forward_tokens(a);
   const std::string what = call_name("forward", p, T);
+  const std::string key = what + " on " + device_name(forward_device(a)) + (into ? ", into" : "") +
+                          (a.prepared ? ", prepared" : "") + (forward_prequantized(a) ? ", prequantized" : "");
   return with_memory_estimate(
-      ctx, what, forward_device(a), [&](Context& dry) { forward_run(dry, p, a, into); },
+      ctx, what, key, forward_device(a), [&](Context& dry) { forward_run(dry, p, a, into); },
       [&] { return forward_run(ctx, p, a, into); });
 }
 
@@ -272,8 +282,10 @@ WgradState backward_impl(Context& ctx, SavedState& saved, const BackwardArgs& a,
   check_backward_finite(ctx, a);
   const SavedImpl& s = saved.impl();
   const std::string what = call_name("backward", s.problem, s.tokens);
+  const std::string key = what + " on " + device_name(s.device) + (into ? ", into" : "") +
+                          (a.prepared ? ", prepared" : "") + (a.wgrad == WgradMode::now ? ", wgrad now" : "");
   return with_memory_estimate(
-      ctx, what, s.device, [&](Context& dry) { backward_run(dry, saved, a, into); },
+      ctx, what, key, s.device, [&](Context& dry) { backward_run(dry, saved, a, into); },
       [&] { return backward_run(ctx, saved, a, into); });
 }
 
@@ -436,8 +448,10 @@ PreparedWeights prepare_weights(Context& ctx, const Problem& p, const WeightsArg
   check_weights_finite(ctx, p, w);
   const std::string what = "prepare_weights (" + describe(p) + ")";
   const PreparedForms forms = prepared_forms(ctx, p, w, d);
+  const std::string key = what + " on " + device_name(d) + (forms.bf16_copies ? ", bf16 copies" : "") +
+                          (forms.transposed ? ", transposed" : "");
   return with_memory_estimate(
-      ctx, what, d, [&](Context& dry) { prepare_run(dry, p, w, d, forms); },
+      ctx, what, key, d, [&](Context& dry) { prepare_run(dry, p, w, d, forms); },
       [&] { return prepare_run(ctx, p, w, d, forms); });
 }
 
